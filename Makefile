@@ -1,0 +1,38 @@
+# One entry point per job. Every target goes through `install`, which only installs what is missing.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+# A CPU build of torch unless the user asks for another (TORCH_SPEC="torch==2.13.0+cu126" ...).
+TORCH_SPEC ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test test-all lint rules-check bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[test]"
+	touch $(STAMP)
+
+# Compile the example GPT for the small mixed cluster; run what exists of the pipeline.
+demo: install
+	$(PY) -m hapc.demo
+
+# The default test run: fast tests (slow ones are marked and run by test-all / CI).
+test: install
+	$(PY) -m pytest -q
+
+test-all: install
+	$(PY) -m pytest -q -m ""
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+rules-check: install
+	$(PY) -m hapc.rules check
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,200 @@
+"""The instruction IR: a traced training forward as an ordered list of aten-level nodes.
+
+The graph is plain data (no torch objects), so every later stage — costs, search, code
+generation — can be tested without tracing, and a graph can be hashed and serialised.
+
+* A **value** is one tensor: a parameter, a buffer, a user input or a node result.
+* A **node** applies one aten op (``"aten.linear.default"``) to arguments that are value
+  references or constants, producing one or more values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Literal, Union
+
+ValueKind = Literal["param", "buffer", "input", "activation", "constant"]
+
+DTYPE_BYTES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+    "complex64": 8, "complex128": 16,
+}
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_BYTES.get(self.dtype, 4)
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype.startswith(("float", "bfloat", "complex"))
+
+    def __repr__(self) -> str:
+        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class Value:
+    name: str
+    meta: TensorMeta
+    kind: ValueKind
+    # For parameters and buffers: the attribute path in the module (``"h.0.attn.weight"``).
+    target: str | None = None
+    requires_grad: bool = False
+
+
+@dataclass(frozen=True)
+class Ref:
+    """An argument that refers to a value by name."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return f"%{self.name}"
+
+
+# Constants as exported: numbers, bools, None, strings, dtypes (as strings) and nested lists.
+Arg = Union[Ref, int, float, bool, str, None, tuple, list]
+
+
+@dataclass(frozen=True)
+class SourceLoc:
+    file: str
+    line: int
+    code: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass
+class Cost:
+    """Work of one node: FLOPs and bytes moved, forward and backward, unsharded."""
+
+    fwd_flops: float = 0.0
+    bwd_flops: float = 0.0
+    fwd_bytes: float = 0.0
+    bwd_bytes: float = 0.0
+
+
+@dataclass
+class Node:
+    name: str
+    op: str
+    args: tuple[Arg, ...]
+    kwargs: dict[str, Arg]
+    outputs: tuple[str, ...]
+    cost: Cost = field(default_factory=Cost)
+    source: SourceLoc | None = None
+
+    def input_refs(self) -> list[str]:
+        """Names of the values this node reads, in argument order (nested lists flattened)."""
+        return [r.name for r in _iter_refs((self.args, tuple(self.kwargs.values())))]
+
+    def __repr__(self) -> str:
+        args = ", ".join(map(repr, self.args))
+        kw = "".join(f", {k}={v!r}" for k, v in self.kwargs.items())
+        return f"{', '.join(self.outputs)} = {self.op}({args}{kw})"
+
+
+def _iter_refs(obj: Any) -> Iterator[Ref]:
+    if isinstance(obj, Ref):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _iter_refs(o)
+
+
+@dataclass
+class Graph:
+    values: dict[str, Value]
+    nodes: list[Node]
+    inputs: list[str]          # user inputs, in call order
+    params: list[str]          # parameters, in module order
+    buffers: list[str]
+    output: str                # the scalar loss
+    unsupported: dict[str, list[str]] = field(default_factory=dict)  # op -> source lines
+
+    def meta(self, name: str) -> TensorMeta:
+        return self.values[name].meta
+
+    def producer(self) -> dict[str, Node]:
+        return {out: n for n in self.nodes for out in n.outputs}
+
+    def users(self) -> dict[str, list[Node]]:
+        uses: dict[str, list[Node]] = {name: [] for name in self.values}
+        for n in self.nodes:
+            for ref in dict.fromkeys(n.input_refs()):
+                uses[ref].append(n)
+        return uses
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    @property
+    def total_cost(self) -> Cost:
+        c = Cost()
+        for n in self.nodes:
+            c.fwd_flops += n.cost.fwd_flops
+            c.bwd_flops += n.cost.bwd_flops
+            c.fwd_bytes += n.cost.fwd_bytes
+            c.bwd_bytes += n.cost.bwd_bytes
+        return c
+
+    def to_json(self) -> dict:
+        """A canonical, JSON-ready form (source locations excluded: they do not change meaning)."""
+        return {
+            "values": [[v.name, list(v.meta.shape), v.meta.dtype, v.kind, v.target, v.requires_grad]
+                       for v in self.values.values()],
+            "nodes": [[n.name, n.op, _jsonable(n.args), _jsonable(n.kwargs), list(n.outputs)]
+                      for n in self.nodes],
+            "inputs": self.inputs, "params": self.params, "buffers": self.buffers,
+            "output": self.output,
+        }
+
+    def hash(self) -> str:
+        """Stable across runs and processes: depends only on structure, shapes and dtypes."""
+        blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def ops(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for n in self.nodes:
+            counts[n.op] = counts.get(n.op, 0) + 1
+        return counts
+
+    def __repr__(self) -> str:
+        return (f"Graph({len(self.nodes)} nodes, {len(self.params)} params, "
+                f"{len(self.inputs)} inputs, hash={self.hash()})")
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, Ref):
+        return {"ref": obj.name}
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(o) for o in obj]
+    if isinstance(obj, float) and obj != obj:
+        return "nan"
+    if isinstance(obj, float) and obj in (float("inf"), float("-inf")):
+        return str(obj)
+    return obj

@@ -1,0 +1,181 @@
+"""A distributed (SPMD) program: the traced graph with a layout for every value.
+
+It is an ordered list of instructions over named values:
+
+* :class:`Compute` runs one graph node on every rank with a chosen :class:`Strategy`;
+* :class:`Redistribute` changes a value's layout with a collective (or a free local slice).
+
+Sources (parameters, buffers, inputs) start in ``source_layouts``: a ``Shard`` parameter is
+stored sharded (ZeRO-3 style when it is gathered before use). Every rank computes from the
+same program; which piece it holds follows from ``shares`` and :meth:`DistProgram.blocks`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import gcd
+from typing import Union
+
+from hapc.ir.graph import Graph
+from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.shards import offsets, shard_lengths
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """``{inputs} op {outputs}``, with how each rank computes its piece.
+
+    ``inputs`` has one layout per tensor argument, in ``node.input_refs()`` order.
+    ``local`` names a function in :mod:`hapc.runtime.local_ops` that replaces the plain op on
+    each rank (vocab-parallel embedding masks foreign ids, a view needs local sizes, ...);
+    ``None`` runs the op itself on the local pieces.
+    ``rescale = (input position, dim)`` multiplies every output by local/global length of
+    that input dimension: a mean over a sharded dimension becomes an exact ``Partial`` sum even
+    when pieces are uneven.
+    """
+
+    inputs: tuple[Layout, ...]
+    outputs: tuple[Layout, ...]
+    local: str | None = None
+    rescale: tuple[int, int] | None = None
+
+    def __repr__(self) -> str:
+        ins = ", ".join(map(repr, self.inputs))
+        outs = ", ".join(map(repr, self.outputs))
+        extra = f" via {self.local}" if self.local else ""
+        extra += f" rescale{self.rescale}" if self.rescale else ""
+        return f"{{{ins}}} -> {{{outs}}}{extra}"
+
+    @property
+    def is_replicated(self) -> bool:
+        return all(isinstance(x, Replicate) for x in self.inputs + self.outputs)
+
+
+@dataclass(frozen=True)
+class Compute:
+    node: str
+    strategy: Strategy
+    inputs: tuple[str, ...]      # the value actually read for each tensor argument
+
+
+@dataclass(frozen=True)
+class Redistribute:
+    src: str
+    out: str
+    src_layout: Layout
+    dst_layout: Layout
+    method: str = "auto"         # which collective variant (padded, grouped, hierarchical ...)
+
+    def __repr__(self) -> str:
+        return f"{self.out} = redistribute({self.src}: {self.src_layout} -> {self.dst_layout}, {self.method})"
+
+
+Step = Union[Compute, Redistribute]
+
+
+@dataclass
+class DistProgram:
+    graph: Graph
+    shares: tuple[float, ...]
+    source_layouts: dict[str, Layout]
+    steps: list[Step] = field(default_factory=list)
+    _blocks: dict[tuple[str, int], int] | None = field(default=None, repr=False)
+
+    @property
+    def world(self) -> int:
+        return len(self.shares)
+
+    def layouts(self) -> dict[str, Layout]:
+        """Layout of every value the program holds, sources and results."""
+        out = dict(self.source_layouts)
+        nodes = {n.name: n for n in self.graph.nodes}
+        for step in self.steps:
+            if isinstance(step, Compute):
+                for name, lay in zip(nodes[step.node].outputs, step.strategy.outputs):
+                    out[name] = lay
+            else:
+                out[step.out] = step.dst_layout
+        return out
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        base = name.split("@", 1)[0]
+        return self.graph.meta(base).shape
+
+    def blocks(self) -> dict[tuple[str, int], int]:
+        """Block count of every sharded dimension (see :mod:`hapc.ir.shards`).
+
+        All dimensions sharded within one strategy hold corresponding pieces on each rank, so
+        they must be cut into the same number of blocks: the gcd of their lengths. The classes
+        are found with union-find over (value, dim) pairs.
+        """
+        if self._blocks is not None:
+            return self._blocks
+        parent: dict[tuple[str, int], tuple[str, int]] = {}
+
+        def find(x):
+            parent.setdefault(x, x)
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        def link(keys):
+            keys = list(keys)
+            for k in keys:
+                find(k)
+            for a, b in zip(keys, keys[1:]):
+                parent[find(a)] = find(b)
+
+        nodes = {n.name: n for n in self.graph.nodes}
+        for name, lay in self.source_layouts.items():
+            if isinstance(lay, Shard):
+                link([(name, self._dim(name, lay.dim))])
+        for step in self.steps:
+            if isinstance(step, Compute):
+                node = nodes[step.node]
+                keys = [(v, self._dim(v, lay.dim)) for v, lay in zip(step.inputs, step.strategy.inputs)
+                        if isinstance(lay, Shard)]
+                keys += [(v, self._dim(v, lay.dim)) for v, lay in zip(node.outputs, step.strategy.outputs)
+                         if isinstance(lay, Shard)]
+                link(keys)
+            else:
+                if isinstance(step.dst_layout, Shard):
+                    link([(step.out, self._dim(step.out, step.dst_layout.dim))])
+                if isinstance(step.src_layout, Shard) and isinstance(step.dst_layout, Shard) \
+                        and step.src_layout.dim == step.dst_layout.dim:
+                    # A layout-preserving move (e.g. a copy between groups) keeps the pieces.
+                    link([(step.src, self._dim(step.src, step.src_layout.dim)),
+                          (step.out, self._dim(step.out, step.dst_layout.dim))])
+        sizes: dict[tuple[str, int], int] = {}
+        for key in parent:
+            root = find(key)
+            length = self.shape(key[0])[key[1]]
+            sizes[root] = gcd(sizes.get(root, 0), length)
+        self._blocks = {key: sizes[find(key)] for key in parent}
+        return self._blocks
+
+    def _dim(self, value: str, dim: int) -> int:
+        return dim + len(self.shape(value)) if dim < 0 else dim
+
+    def lengths(self, value: str, dim: int) -> list[int]:
+        """Piece lengths of ``value`` along its sharded ``dim``, one per rank."""
+        dim = self._dim(value, dim)
+        length = self.shape(value)[dim]
+        return shard_lengths(length, self.shares, self.blocks().get((value, dim), length))
+
+    def offsets(self, value: str, dim: int) -> list[int]:
+        return offsets(self.lengths(value, dim))
+
+    def local_shape(self, value: str, layout: Layout, rank: int) -> tuple[int, ...]:
+        shape = list(self.shape(value))
+        if isinstance(layout, Shard):
+            d = self._dim(value, layout.dim)
+            shape[d] = self.lengths(value, d)[rank]
+        return tuple(shape)
+
+    def invalidate(self) -> None:
+        self._blocks = None
+
+
+def is_partial(layout: Layout) -> bool:
+    return isinstance(layout, Partial)

@@ -1,0 +1,197 @@
+"""The rule checker: every strategy of every registered rule against the unsharded op.
+
+For each sample of a rule we build a one-node graph, and for each strategy we cut the
+global inputs into uneven pieces (``Shard``: shares 0.5/0.3/0.2 over 3 ranks, on sizes that
+do not divide evenly; ``Partial``: random summands), run the strategy's local computation on
+every rank, reassemble the output from its layout and compare it, and the gradients of all
+float inputs, with the single-device result. A strategy that disagrees is a *wrong rule*.
+
+``python -m hapc.rules check`` prints a report; ``tests/test_rules_check.py`` runs the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from hapc.ir.graph import Graph, Node, Ref, TensorMeta, Value
+from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
+from hapc.rules.registry import Rule, Sample, rules, strategies
+
+DEFAULT_SHARES = (0.5, 0.3, 0.2)
+
+
+@dataclass
+class Finding:
+    op: str
+    strategy: Strategy
+    sample: int
+    error: str
+
+    def __str__(self) -> str:
+        return f"WRONG {self.op} sample {self.sample} {self.strategy}: {self.error}"
+
+
+@dataclass
+class Report:
+    rules: int = 0
+    strategies: int = 0
+    samples: int = 0
+    wrong: list[Finding] = field(default_factory=list)
+    no_samples: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.wrong and not self.no_samples
+
+
+def sample_graph(op: str, sample: Sample) -> tuple[Node, Graph, list[torch.Tensor]]:
+    """A graph with a single node applying ``op`` to the sample's arguments."""
+    tensors: list[torch.Tensor] = []
+    values: dict[str, Value] = {}
+
+    def lift(a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            name = f"in{len(tensors)}"
+            tensors.append(a)
+            meta = TensorMeta(tuple(a.shape), str(a.dtype).removeprefix("torch."))
+            values[name] = Value(name, meta, "input", requires_grad=a.is_floating_point())
+            return Ref(name)
+        if isinstance(a, (list, tuple)):
+            return type(a)(lift(x) for x in a)
+        if isinstance(a, torch.dtype):
+            return str(a).removeprefix("torch.")
+        return a
+
+    args = tuple(lift(a) for a in sample.args)
+    kwargs = {k: lift(v) for k, v in sample.kwargs.items()}
+    result = _aten(op)(*sample.args, **sample.kwargs)
+    results = list(result) if isinstance(result, (list, tuple)) else [result]
+    outs = []
+    for i, r in enumerate(results):
+        name = f"out{i}"
+        values[name] = Value(name, TensorMeta(tuple(r.shape), str(r.dtype).removeprefix("torch.")),
+                             "activation", requires_grad=r.is_floating_point())
+        outs.append(name)
+    node = Node("n", op, args, kwargs, tuple(outs))
+    inputs = [f"in{i}" for i in range(len(tensors))]
+    graph = Graph(values, [node], inputs, [], [], outs[0])
+    return node, graph, tensors
+
+
+def check_strategy(op: str, sample: Sample, strategy: Strategy, shares: Sequence[float] = DEFAULT_SHARES,
+                   dtype: torch.dtype = torch.float64, atol: float = 1e-9) -> str | None:
+    """``None`` when ``strategy`` reproduces the op on uneven pieces; else what went wrong."""
+    from hapc.executor import _compute, redistribute  # executor sits above rules
+
+    node, graph, tensors = sample_graph(op, sample)
+    gen = torch.Generator().manual_seed(0)
+    globals_ = [t.to(dtype).detach().clone().requires_grad_(True) if t.is_floating_point() else t
+                for t in tensors]
+    ref_prog = DistProgram(graph, (1.0,), {n: Replicate() for n in graph.inputs})
+    ref_strat = next(s for s in strategies(node, graph) if s.is_replicated)
+    ref_out = _compute(ref_prog, node, Compute("n", ref_strat, tuple(node.input_refs())),
+                       {n: [t] for n, t in zip(graph.inputs, globals_)}, seed=1)
+
+    prog = DistProgram(graph, tuple(shares), {n: Replicate() for n in graph.inputs})
+    read = []
+    for i, (ref, lay) in enumerate(zip(node.input_refs(), strategy.inputs)):
+        read.append(f"{ref}@{i}")
+        prog.steps.append(Redistribute(ref, read[-1], Replicate(), lay))
+    prog.steps.append(Compute("n", strategy, tuple(read)))
+    env = {name: _pieces(prog, name, globals_[graph.inputs.index(ref)], lay, gen)
+           for name, ref, lay in zip(read, node.input_refs(), strategy.inputs)}
+    try:
+        outs = _compute(prog, node, prog.steps[-1], env, seed=1)
+    except Exception as exc:  # a strategy that cannot even run on its pieces is wrong too
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    err = 0.0
+    float_globals = [g for g in globals_ if g.is_floating_point()]
+    dist_total = ref_total = 0.0
+    for name, lay, pieces, ref in zip(node.outputs, strategy.outputs, outs, ref_out):
+        full = _assemble(prog, name, lay, pieces)
+        if full.shape != ref[0].shape:
+            return f"output shape {tuple(full.shape)} != {tuple(ref[0].shape)}"
+        if not ref[0].is_floating_point():
+            if not torch.equal(full, ref[0]):
+                return "integer output differs"
+            continue
+        err = max(err, (full - ref[0]).abs().max().item() if full.numel() else 0.0)
+        w = torch.randn(full.shape, generator=gen, dtype=full.dtype)
+        dist_total = dist_total + (full * w).sum()
+        ref_total = ref_total + (ref[0] * w).sum()
+    if err > atol:
+        return f"forward max_abs_err={err:.3g}"
+    needs = [g for g in float_globals if g.requires_grad]
+    if needs and isinstance(dist_total, torch.Tensor) and dist_total.requires_grad:
+        got = torch.autograd.grad(dist_total, needs, allow_unused=True)
+        want = torch.autograd.grad(ref_total, needs, allow_unused=True)
+        for g, w in zip(got, want):
+            g = torch.zeros_like(w) if g is None and w is not None else g
+            w = torch.zeros_like(g) if w is None and g is not None else w
+            if g is not None and (g - w).abs().max().item() > atol:
+                return f"gradient max_abs_err={(g - w).abs().max().item():.3g}"
+    return None
+
+
+def _pieces(prog: DistProgram, name: str, full: torch.Tensor, layout: Layout, gen) -> list[torch.Tensor]:
+    world = prog.world
+    if isinstance(layout, Replicate):
+        return [full] * world
+    if isinstance(layout, Shard):
+        return list(torch.split(full, prog.lengths(name, layout.dim), dim=layout.dim))
+    if isinstance(layout, Partial):  # random summands that add up to the value
+        if not full.is_floating_point():
+            return [full] + [torch.zeros_like(full)] * (world - 1)
+        noise = [torch.randn(full.shape, generator=gen, dtype=full.dtype) for _ in range(world - 1)]
+        return [full - sum(noise)] + noise
+    raise ValueError(layout)
+
+
+def _assemble(prog: DistProgram, name: str, layout: Layout, pieces: list[torch.Tensor]) -> torch.Tensor:
+    if isinstance(layout, Shard):
+        return torch.cat(pieces, dim=layout.dim)
+    if isinstance(layout, Partial):
+        return torch.stack(pieces).sum(0)
+    for p in pieces[1:]:
+        if p.shape != pieces[0].shape or not torch.allclose(p, pieces[0], atol=1e-9, equal_nan=True):
+            raise AssertionError("Replicate output differs across ranks")
+    return pieces[0]
+
+
+def check_rule(rule: Rule, shares: Sequence[float] = DEFAULT_SHARES, report: Report | None = None) -> Report:
+    report = report or Report()
+    report.rules += 1
+    samples = rule.samples() if rule.samples else []
+    if not samples:
+        report.no_samples.append(rule.op)
+        return report
+    for i, sample in enumerate(samples):
+        report.samples += 1
+        node, graph, _ = sample_graph(rule.op, sample)
+        for strat in strategies(node, graph):
+            report.strategies += 1
+            try:
+                err = check_strategy(rule.op, sample, strat, shares)
+            except AssertionError as exc:
+                err = str(exc)
+            if err:
+                report.wrong.append(Finding(rule.op, strat, i, err))
+    return report
+
+
+def check_all(ops: Sequence[str] | None = None, shares: Sequence[float] = DEFAULT_SHARES) -> Report:
+    report = Report()
+    for op, rule in rules().items():
+        if ops and op not in ops:
+            continue
+        check_rule(rule, shares, report)
+    return report
+
+
+def _aten(op: str):
+    _, packet, overload = op.split(".", 2)
+    return getattr(getattr(torch.ops.aten, packet), overload)

@@ -1,0 +1,76 @@
+"""Matrix products: mm, bmm, matmul, linear, addmm, einsum.
+
+All are products summed over a contracted dimension: sharding that dimension gives a
+``Partial`` output (row-parallel linear); sharding any other dimension shards the output
+(column-parallel linear, data parallel). They are linear in each operand separately.
+"""
+
+from __future__ import annotations
+
+from hapc.ir.graph import Graph, Node
+from hapc.ir.layout import P, Partial
+from hapc.ir.program import Strategy
+from hapc.rules.registry import Sample, register, register_spec
+from hapc.rules.samples import T
+from hapc.rules.spec import einsum_strategies
+
+register_spec("aten.mm.default", lambda n, g: einsum_strategies(n, g, "m k+, k+ n -> m n", "multilinear"),
+              samples=lambda: [Sample((T(7, 10), T(10, 5)))])
+register_spec("aten.bmm.default",
+              lambda n, g: einsum_strategies(n, g, "b m k+, b k+ n -> b m n", "multilinear"),
+              samples=lambda: [Sample((T(5, 7, 10), T(5, 10, 4)))])
+
+
+def _with_bias_partial(found: list[Strategy], bias_pos: int) -> list[Strategy]:
+    """A bias added to a Partial sum must itself be Partial (else it is counted once per rank)."""
+    out = []
+    for s in found:
+        if isinstance(s.outputs[0], Partial):
+            ins = list(s.inputs)
+            ins[bias_pos] = P
+            s = Strategy(tuple(ins), s.outputs)
+        out.append(s)
+    return out
+
+
+@register("aten.linear.default", samples=lambda: [Sample((T(3, 7, 10), T(6, 10), T(6))),
+                                                  Sample((T(7, 10), T(6, 10)))])
+def linear_rule(node: Node, graph: Graph) -> list[Strategy]:
+    if len(node.input_refs()) == 3:
+        found = einsum_strategies(node, graph, "... k+, n k+, n -> ... n", "multilinear")
+        # Multilinear in (x, w); the bias is added: P only with a Partial bias.
+        found = [s for s in found if not (s.inputs[2] == P and s.inputs.count(P) == 1)]
+        return _with_bias_partial(found, 2)
+    return einsum_strategies(node, graph, "... k+, n k+ -> ... n", "multilinear")
+
+
+@register("aten.addmm.default", samples=lambda: [Sample((T(6), T(7, 10), T(10, 6)))])
+def addmm_rule(node: Node, graph: Graph) -> list[Strategy]:
+    if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+        return []
+    found = einsum_strategies(node, graph, "n, m k+, k+ n -> m n", "multilinear")
+    found = [s for s in found if not (s.inputs[0] == P and s.inputs.count(P) == 1)]
+    return _with_bias_partial(found, 0)
+
+
+@register("aten.matmul.default", samples=lambda: [Sample((T(3, 7, 10), T(10, 5))),
+                                                  Sample((T(2, 3, 7, 10), T(2, 3, 10, 5)))])
+def matmul_rule(node: Node, graph: Graph) -> list[Strategy]:
+    a, b = (graph.meta(r).shape for r in node.input_refs())
+    if len(a) >= 2 and len(b) == 2:
+        return einsum_strategies(node, graph, "... m k+, k+ n -> ... m n", "multilinear")
+    if len(a) == len(b) and len(a) >= 3 and a[:-2] == b[:-2]:
+        return einsum_strategies(node, graph, "... m k+, ... k+ n -> ... m n", "multilinear")
+    return []
+
+
+@register("aten.einsum.default", samples=lambda: [Sample(("bik,bkj->bij", [T(3, 5, 7), T(3, 7, 4)])),
+                                                  Sample(("bhqd,bhkd->bhqk", [T(2, 3, 5, 4), T(2, 3, 6, 4)]))])
+def einsum_rule(node: Node, graph: Graph) -> list[Strategy]:
+    equation = node.args[0]
+    if not isinstance(equation, str) or "..." in equation or "->" not in equation:
+        return []
+    lhs, rhs = equation.replace(" ", "").split("->")
+    operands = lhs.split(",")
+    spec = ", ".join(" ".join(c + ("+" if c not in rhs else "") for c in op) for op in operands)
+    return einsum_strategies(node, graph, f"{spec} -> {' '.join(rhs)}", "multilinear")

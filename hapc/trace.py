@@ -1,0 +1,300 @@
+"""Tracer: ``nn.Module`` + example inputs -> :class:`hapc.ir.Graph`, through ``torch.export``.
+
+``torch.export`` already does the hard part: it captures real models (Hugging Face GPT-2,
+BERT) unmodified, keeps composite ops such as ``linear``, ``layer_norm`` and
+``scaled_dot_product_attention`` whole, records the user's source line of every node and
+works on meta-device models. This module only lifts its graph into our plain IR and adds
+what the later stages need: FLOPs (from ``FlopCounterMode``, forward and backward separately)
+and bytes moved per node, which values need gradients, and the ops that have no sharding rule.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from hapc.errors import UserError
+from hapc.ir.graph import Cost, Graph, Node, Ref, SourceLoc, TensorMeta, Value
+
+# Ops that only reinterpret memory: they move no bytes.
+VIEW_OPS = {
+    "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.transpose.int",
+    "aten.permute.default", "aten.t.default", "aten.unsqueeze.default", "aten.squeeze.dim",
+    "aten.squeeze.default", "aten.squeeze.dims", "aten.expand.default", "aten.flatten.using_ints",
+    "aten.unflatten.int", "aten.slice.Tensor", "aten.select.int", "aten.split.Tensor",
+    "aten.split_with_sizes.default", "aten.chunk.default", "aten.unbind.int", "aten.alias.default",
+    "aten.detach.default", "aten.contiguous.default", "aten.view_as.default", "aten.narrow.default",
+    "aten.unsafe_split.Tensor", "aten.movedim.int", "aten.swapaxes.default",
+}
+
+# Ops whose results carry no gradient whatever their inputs.
+NON_DIFFERENTIABLE_OPS = {
+    "aten.argmax.default", "aten.argmin.default", "aten.eq.Tensor", "aten.eq.Scalar", "aten.ne.Scalar",
+    "aten.ne.Tensor", "aten.lt.Scalar", "aten.gt.Scalar", "aten.le.Scalar", "aten.ge.Scalar",
+    "aten.lt.Tensor", "aten.gt.Tensor", "aten.arange.default", "aten.arange.start",
+    "aten.zeros.default", "aten.ones.default", "aten.full.default", "aten.zeros_like.default",
+    "aten.ones_like.default", "aten.full_like.default", "aten.empty.memory_format",
+    "aten.bitwise_not.default", "aten.logical_not.default", "aten.scalar_tensor.default",
+}
+
+
+@dataclass
+class Traced:
+    """A traced model: the IR plus what executing it needs (parameter tensors, constants)."""
+
+    graph: Graph
+    module: torch.nn.Module
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The real tensor behind a parameter, buffer or lifted constant."""
+        v = self.graph.values[name]
+        if v.kind == "param":
+            return self.module.get_parameter(v.target)
+        if v.kind == "buffer":
+            return self.module.get_buffer(v.target)
+        if v.kind == "constant":
+            return self.constants[v.target]
+        raise KeyError(f"{name} is a {v.kind}, not a stored tensor")
+
+
+def trace(model: torch.nn.Module, inputs: Sequence[Any], *, has_rule=None) -> Traced:
+    """Trace ``model(*inputs)`` (which must return a scalar loss) into the IR.
+
+    ``has_rule(op) -> bool`` tells which ops have a sharding rule; ops without one are
+    recorded in ``graph.unsupported`` with their source lines (they still run, replicated).
+    """
+    if has_rule is None:
+        from hapc.rules import has_rule
+    start = time.perf_counter()
+    inputs = tuple(inputs)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ep = torch.export.export(model, inputs, strict=False)
+    except Exception as exc:  # torch's own message names the construct it cannot trace
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"torch.export could not trace the model: {first}") from exc
+    graph = _lift(ep)
+    _mark_requires_grad(graph)
+    _annotate_costs(graph, ep)
+    graph.unsupported = _unsupported(graph, has_rule)
+    constants = {k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)}
+    return Traced(graph, model, constants, time.perf_counter() - start)
+
+
+def _meta_of(val: Any) -> TensorMeta | None:
+    if isinstance(val, torch.Tensor):
+        return TensorMeta(tuple(int(s) for s in val.shape), str(val.dtype).removeprefix("torch."))
+    return None
+
+
+def _lift(ep: torch.export.ExportedProgram) -> Graph:
+    sig = ep.graph_signature
+    kinds: dict[str, tuple[str, str | None]] = {}
+    for spec in sig.input_specs:
+        kind = spec.kind.name
+        name = spec.arg.name
+        if kind == "PARAMETER":
+            kinds[name] = ("param", spec.target)
+        elif kind == "BUFFER":
+            kinds[name] = ("buffer", spec.target)
+        elif kind in ("CONSTANT_TENSOR", "CUSTOM_OBJ"):
+            kinds[name] = ("constant", spec.target)
+        else:
+            kinds[name] = ("input", None)
+
+    values: dict[str, Value] = {}
+    nodes: list[Node] = []
+    inputs, params, buffers = [], [], []
+    alias: dict[str, Any] = {}      # fx node name -> Ref, or a list of Refs for multi-output ops
+    output = None
+
+    def lift_arg(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            return alias[a.name]
+        if isinstance(a, (list, tuple)):
+            return type(a)(lift_arg(x) for x in a)
+        if isinstance(a, torch.dtype):
+            return str(a).removeprefix("torch.")
+        if isinstance(a, (torch.device, torch.layout, torch.memory_format)):
+            return str(a)
+        return a
+
+    for fx in ep.graph.nodes:
+        if fx.op == "placeholder":
+            meta = _meta_of(fx.meta.get("val"))
+            if meta is None:
+                continue
+            kind, target = kinds.get(fx.name, ("input", None))
+            values[fx.name] = Value(fx.name, meta, kind, target, requires_grad=kind == "param")
+            {"param": params, "buffer": buffers, "input": inputs}.get(kind, []).append(fx.name)
+            alias[fx.name] = Ref(fx.name)
+        elif fx.op == "call_function" and fx.target is operator.getitem:
+            alias[fx.name] = alias[fx.args[0].name][fx.args[1]]
+        elif fx.op == "call_function":
+            val = fx.meta.get("val")
+            if isinstance(val, (list, tuple)):
+                metas = [_meta_of(v) for v in val]
+                outs = [f"{fx.name}_{i}" for i in range(len(val))]
+                # Prefer the names of the getitem nodes that read the outputs.
+                for user in fx.users:
+                    if user.target is operator.getitem and isinstance(user.args[1], int):
+                        outs[user.args[1]] = user.name
+                alias[fx.name] = [Ref(o) for o in outs]
+            else:
+                metas, outs = [_meta_of(val)], [fx.name]
+                alias[fx.name] = Ref(fx.name)
+            for o, m in zip(outs, metas):
+                if m is not None:
+                    values[o] = Value(o, m, "activation")
+            kept = tuple(o for o, m in zip(outs, metas) if m is not None)
+            nodes.append(Node(
+                name=fx.name, op=_op_name(fx.target),
+                args=tuple(lift_arg(a) for a in fx.args),
+                kwargs={k: lift_arg(v) for k, v in fx.kwargs.items()},
+                outputs=kept, source=_source(fx)))
+        elif fx.op == "output":
+            outs = [a for a in fx.args[0] if isinstance(a, torch.fx.Node)]
+            user_outputs = [s.arg.name for s in sig.output_specs if s.kind.name == "USER_OUTPUT"]
+            chosen = [o for o in outs if o.name in user_outputs] or outs
+            if len(chosen) != 1:
+                raise UserError(f"forward must return one scalar loss, got {len(chosen)} outputs")
+            ref = alias[chosen[0].name]
+            output = ref.name
+    if output is None:
+        raise UserError("forward returned no tensor")
+    if values[output].meta.numel != 1:
+        raise UserError(f"forward must return a scalar loss, got a tensor of shape "
+                        f"{list(values[output].meta.shape)}")
+    return Graph(values, nodes, inputs, params, buffers, output)
+
+
+def _op_name(target: Any) -> str:
+    name = str(target)
+    return name if name.startswith("aten.") else getattr(target, "__name__", name)
+
+
+def _source(fx: torch.fx.Node) -> SourceLoc | None:
+    """The innermost frame of the user's code (not torch's) that created this node."""
+    trace_text = fx.meta.get("stack_trace") or ""
+    frames = []
+    lines = trace_text.splitlines()
+    for i, line in enumerate(lines):
+        line = line.strip()
+        if line.startswith('File "'):
+            try:
+                file = line.split('"')[1]
+                lineno = int(line.split(", line ")[1].split(",")[0])
+            except (IndexError, ValueError):
+                continue
+            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            frames.append(SourceLoc(file, lineno, code))
+    torch_dir = os.path.dirname(torch.__file__)
+    user = [f for f in frames if not f.file.startswith(torch_dir)]
+    return (user or frames or [None])[-1]
+
+
+def _mark_requires_grad(graph: Graph) -> None:
+    """A value needs a gradient when it is a float result of a differentiable op on values that do."""
+    for node in graph.nodes:
+        needs = node.op not in NON_DIFFERENTIABLE_OPS and any(
+            graph.values[r].requires_grad for r in node.input_refs())
+        for out in node.outputs:
+            v = graph.values[out]
+            if needs and v.meta.is_float:
+                graph.values[out] = Value(v.name, v.meta, v.kind, v.target, True)
+
+
+def _annotate_costs(graph: Graph, ep: torch.export.ExportedProgram) -> None:
+    cache: dict[tuple, Cost] = {}
+    for node in graph.nodes:
+        key = (node.op, repr(node.args), repr(node.kwargs),
+               tuple((graph.meta(r), graph.values[r].requires_grad) for r in node.input_refs()))
+        if key not in cache:
+            cache[key] = _node_cost(graph, node)
+        c = cache[key]
+        node.cost = Cost(c.fwd_flops, c.bwd_flops, c.fwd_bytes, c.bwd_bytes)
+
+
+def _node_cost(graph: Graph, node: Node) -> Cost:
+    """FLOPs from torch's own counter on meta tensors; bytes from the tensors touched."""
+    in_vals = [graph.values[r] for r in dict.fromkeys(node.input_refs())]
+    out_vals = [graph.values[o] for o in node.outputs]
+    out_bytes = sum(v.meta.nbytes for v in out_vals)
+    in_bytes = sum(v.meta.nbytes for v in in_vals)
+    grad_in_bytes = sum(v.meta.nbytes for v in in_vals if v.requires_grad)
+    differentiable = any(v.requires_grad for v in out_vals)
+
+    fwd_flops, bwd_flops = _counted_flops(graph, node)
+    out_numel = sum(v.meta.numel for v in out_vals)
+    if node.op in VIEW_OPS:
+        return Cost(0.0, 0.0, 0.0, 0.0)
+    if fwd_flops == 0:  # elementwise and reductions: one op per element touched
+        fwd_flops = float(max(out_numel, sum(v.meta.numel for v in in_vals)))
+        bwd_flops = 2.0 * fwd_flops if differentiable else 0.0
+    cost = Cost(fwd_flops, bwd_flops if differentiable else 0.0, float(in_bytes + out_bytes), 0.0)
+    if differentiable:
+        # Read the output gradient and the saved inputs, write one gradient per input needing it.
+        cost.bwd_bytes = float(out_bytes + in_bytes + grad_in_bytes)
+    return cost
+
+
+def _counted_flops(graph: Graph, node: Node) -> tuple[float, float]:
+    op = _resolve_op(node.op)
+    if op is None:
+        return 0.0, 0.0
+    tensors: dict[str, torch.Tensor] = {}
+    for r in dict.fromkeys(node.input_refs()):
+        v = graph.values[r]
+        t = torch.empty(v.meta.shape, dtype=getattr(torch, v.meta.dtype), device="meta")
+        tensors[r] = t.requires_grad_(v.requires_grad)
+
+    def real(a: Any) -> Any:
+        if isinstance(a, Ref):
+            return tensors[a.name]
+        if isinstance(a, (list, tuple)):
+            return type(a)(real(x) for x in a)
+        if isinstance(a, str) and hasattr(torch, a) and isinstance(getattr(torch, a), torch.dtype):
+            return getattr(torch, a)
+        return a
+
+    try:
+        with FlopCounterMode(display=False) as counter:
+            out = op(*real(node.args), **{k: real(v) for k, v in node.kwargs.items()})
+            fwd = counter.get_total_flops()
+            outs = [o for o in (out if isinstance(out, (list, tuple)) else [out])
+                    if isinstance(o, torch.Tensor) and o.requires_grad]
+            wrt = [t for t in tensors.values() if t.requires_grad]
+            if outs and wrt:
+                torch.autograd.grad(outs, wrt, [torch.empty_like(o) for o in outs], allow_unused=True)
+            bwd = counter.get_total_flops() - fwd
+    except Exception:  # an op meta tensors cannot run: fall back to the elementwise estimate
+        return 0.0, 0.0
+    return float(fwd), float(bwd)
+
+
+def _resolve_op(name: str):
+    if not name.startswith("aten."):
+        return None
+    _, packet, overload = name.split(".", 2)
+    try:
+        return getattr(getattr(torch.ops.aten, packet), overload)
+    except AttributeError:
+        return None
+
+
+def _unsupported(graph: Graph, has_rule) -> dict[str, list[str]]:
+    missing: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        if not has_rule(node.op):
+            missing.setdefault(node.op, []).append(str(node.source) if node.source else "?")
+    return missing
