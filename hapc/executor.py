@@ -22,7 +22,7 @@ from hapc.ir.graph import Node, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
 from hapc.runtime.local_ops import LOCAL_OPS, Collective, RankCtx, ShardInfo
-from hapc.trace import Traced
+from hapc.tracer import Traced
 
 Pieces = list[torch.Tensor]
 
