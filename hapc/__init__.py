@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 
 
 def trace(model, inputs):
-    """Trace ``model(*inputs)`` (a scalar loss) into the IR; see :func:`hapc.trace.trace`."""
+    """Trace ``model(*inputs)`` (a scalar loss) into the IR; see :func:`hapc.tracer.trace`."""
     from hapc.tracer import trace as _trace
 
     return _trace(model, inputs)
