@@ -73,7 +73,7 @@ def run(program: DistProgram, traced: Traced, inputs: Sequence[torch.Tensor], *,
             env[step.out] = redistribute(program, step, env[step.src])
         else:
             node = nodes[step.node]
-            outs = _compute(program, node, step, env, seed)
+            outs = _compute(program, node, step, env, seed, dtype)
             for name, pieces in zip(node.outputs, outs):
                 env[name] = pieces
 
@@ -146,7 +146,8 @@ def _infos(program: DistProgram, names: Sequence[str], layouts: Sequence[Layout]
     return tuple(infos)
 
 
-def _compute(program: DistProgram, node: Node, step: Compute, env: dict[str, Pieces], seed: int):
+def _compute(program: DistProgram, node: Node, step: Compute, env: dict[str, Pieces], seed: int,
+             dtype: torch.dtype | None = None):
     strat: Strategy = step.strategy
     world = program.world
     fn = _resolve(node.op) if strat.local is None else LOCAL_OPS[strat.local]
@@ -155,7 +156,7 @@ def _compute(program: DistProgram, node: Node, step: Compute, env: dict[str, Pie
     gens = {}
     for rank in range(world):
         # input_refs may repeat a name with different layouts: substitute by position.
-        args, kwargs = _substitute(node, [env[v][rank] for v in step.inputs])
+        args, kwargs = _substitute(node, [env[v][rank] for v in step.inputs], dtype)
         if strat.local is None:
             res = fn(*args, **kwargs)
         else:
@@ -211,7 +212,9 @@ def _drive_lockstep(gens: list) -> list[Any]:
     return results
 
 
-def _substitute(node: Node, tensors: list[torch.Tensor]):
+def _substitute(node: Node, tensors: list[torch.Tensor], dtype: torch.dtype | None = None):
+    """Constants back to torch objects; with ``dtype`` (a run in another precision) every float
+    dtype constant, such as the target of a traced ``.to(torch.float32)``, becomes ``dtype``."""
     it = iter(tensors)
 
     def sub(a: Any) -> Any:
@@ -220,7 +223,8 @@ def _substitute(node: Node, tensors: list[torch.Tensor]):
         if isinstance(a, (list, tuple)):
             return type(a)(sub(x) for x in a)
         if isinstance(a, str) and hasattr(torch, a) and isinstance(getattr(torch, a), torch.dtype):
-            return getattr(torch, a)
+            found = getattr(torch, a)
+            return dtype if dtype is not None and found.is_floating_point else found
         if isinstance(a, str) and a.startswith("torch."):
             return getattr(torch, a.removeprefix("torch."))
         if isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda", "meta"):

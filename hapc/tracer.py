@@ -34,6 +34,9 @@ VIEW_OPS = {
     "aten.unsafe_split.Tensor", "aten.movedim.int", "aten.swapaxes.default",
 }
 
+# Ops with no tensor result that only check things at run time.
+DROPPED_OPS = {"aten.sym_constrain_range_for_size.default", "aten._assert_scalar.default"}
+
 # Ops whose results carry no gradient whatever their inputs.
 NON_DIFFERENTIABLE_OPS = {
     "aten.argmax.default", "aten.argmin.default", "aten.eq.Tensor", "aten.eq.Scalar", "aten.ne.Scalar",
@@ -157,11 +160,14 @@ def _lift(ep: torch.export.ExportedProgram) -> Graph:
                 if m is not None:
                     values[o] = Value(o, m, "activation")
             kept = tuple(o for o, m in zip(outs, metas) if m is not None)
+            op, mutates = _functional(_op_name(fx.target), fx)
+            if op.startswith("aten._assert") or (not kept and op in DROPPED_OPS):
+                continue
             nodes.append(Node(
-                name=fx.name, op=_op_name(fx.target),
+                name=fx.name, op=op,
                 args=tuple(lift_arg(a) for a in fx.args),
                 kwargs={k: lift_arg(v) for k, v in fx.kwargs.items()},
-                outputs=kept, source=_source(fx)))
+                outputs=kept, source=_source(fx), mutates=mutates))
         elif fx.op == "output":
             outs = [a for a in fx.args[0] if isinstance(a, torch.fx.Node)]
             user_outputs = [s.arg.name for s in sig.output_specs if s.kind.name == "USER_OUTPUT"]
@@ -176,6 +182,21 @@ def _lift(ep: torch.export.ExportedProgram) -> Graph:
         raise UserError(f"forward must return a scalar loss, got a tensor of shape "
                         f"{list(values[output].meta.shape)}")
     return Graph(values, nodes, inputs, params, buffers, output)
+
+
+def _functional(op: str, fx: torch.fx.Node) -> tuple[str, str | None]:
+    """``aten.add_.Tensor`` -> (``aten.add.Tensor``, name of the overwritten input).
+
+    Every later stage then sees pure ops: a replicated value shared by simulated ranks is
+    never mutated N times, and rules need no in-place twins.
+    """
+    parts = op.split(".")
+    if len(parts) == 3 and parts[1].endswith("_") and not parts[1].startswith("_"):
+        functional = f"aten.{parts[1][:-1]}.{parts[2]}"
+        if _resolve_op(functional) is not None:
+            first = fx.args[0] if fx.args else None
+            return functional, first.name if isinstance(first, torch.fx.Node) else None
+    return op, None
 
 
 def _op_name(target: Any) -> str:

@@ -101,6 +101,9 @@ class Node:
     outputs: tuple[str, ...]
     cost: Cost = field(default_factory=Cost)
     source: SourceLoc | None = None
+    # In-place ops are recorded in functional form; this names the input they overwrote
+    # (a buffer such as BatchNorm's ``num_batches_tracked``), so a program can write it back.
+    mutates: str | None = None
 
     def input_refs(self) -> list[str]:
         """Names of the values this node reads, in argument order (nested lists flattened)."""

@@ -89,8 +89,8 @@ def check_strategy(op: str, sample: Sample, strategy: Strategy, shares: Sequence
 
     node, graph, tensors = sample_graph(op, sample)
     gen = torch.Generator().manual_seed(0)
-    globals_ = [t.to(dtype).detach().clone().requires_grad_(True) if t.is_floating_point() else t
-                for t in tensors]
+    globals_ = [t.to(dtype).detach().clone().requires_grad_(i not in sample.frozen)
+                if t.is_floating_point() else t for i, t in enumerate(tensors)]
     ref_prog = DistProgram(graph, (1.0,), {n: Replicate() for n in graph.inputs})
     ref_strat = next(s for s in strategies(node, graph) if s.is_replicated)
     ref_out = _compute(ref_prog, node, Compute("n", ref_strat, tuple(node.input_refs())),
@@ -171,13 +171,17 @@ def check_rule(rule: Rule, shares: Sequence[float] = DEFAULT_SHARES, report: Rep
         return report
     for i, sample in enumerate(samples):
         report.samples += 1
-        node, graph, _ = sample_graph(rule.op, sample)
+        try:
+            node, graph, _ = sample_graph(rule.op, sample)
+        except Exception as exc:  # a sample the op itself rejects is a bug in the sample
+            report.wrong.append(Finding(rule.op, Strategy((), ()), i, f"sample does not run: {str(exc).splitlines()[0]}"))
+            continue
         for strat in strategies(node, graph):
             report.strategies += 1
             try:
                 err = check_strategy(rule.op, sample, strat, shares)
-            except AssertionError as exc:
-                err = str(exc)
+            except Exception as exc:  # report, and go on checking the other rules
+                err = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             if err:
                 report.wrong.append(Finding(rule.op, strat, i, err))
     return report

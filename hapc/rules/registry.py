@@ -28,8 +28,9 @@ class Sample:
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
-    # Inputs that must not be perturbed by the checker (index tensors, masks).
-    note: str = ""
+    # Positions (among the sample's tensors, in order) of float tensors that take no
+    # gradient, such as class weights of a loss.
+    frozen: tuple[int, ...] = ()
 
 
 @dataclass

@@ -105,27 +105,58 @@ def vocab_parallel_embedding(ctx: RankCtx, weight: torch.Tensor, ids: torch.Tens
     return out * mine.unsqueeze(-1).to(out.dtype)
 
 
+@local_op
+def sdpa_query_shard(ctx: RankCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask=None,
+                     dropout_p: float = 0.0, is_causal: bool = False, scale=None, enable_gqa: bool = False):
+    """Causal attention for a shard of the queries: query i of this rank is global query
+    ``offset + i`` and may attend to keys ``0 .. offset + i`` (torch's top-left causal mask)."""
+    if not is_causal:
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask, dropout_p, False, scale=scale, enable_gqa=enable_gqa)
+    offset = ctx.inputs[0].offset
+    rows = torch.arange(q.shape[-2], device=q.device).unsqueeze(-1) + offset
+    cols = torch.arange(k.shape[-2], device=q.device).unsqueeze(0)
+    causal = cols <= rows
+    if attn_mask is not None:
+        causal = causal & attn_mask if attn_mask.dtype == torch.bool else \
+            torch.where(causal, attn_mask, torch.tensor(float("-inf"), dtype=q.dtype))
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, causal, dropout_p, False, scale=scale, enable_gqa=enable_gqa)
+
+
 def _cross_entropy_terms(logits, target, weight, ignore_index, label_smoothing):
     return torch.nn.functional.cross_entropy(
         logits, target, weight=weight, reduction="sum", ignore_index=ignore_index,
         label_smoothing=label_smoothing)
 
 
-@local_op
-def cross_entropy_batch(ctx: RankCtx, logits: torch.Tensor, target: torch.Tensor, weight=None,
-                        reduction: int = 1, ignore_index: int = -100, label_smoothing: float = 0.0):
-    """Cross-entropy over a batch shard. A mean needs the *global* count of counted targets
-    (uneven shares, ignored ids, class weights), so it is summed over ranks first."""
-    total = _cross_entropy_terms(logits, target, weight, ignore_index, label_smoothing)
-    if reduction == 2:          # sum: the pieces simply add up (Partial)
-        return total
+def _global_mean(total, target, weight, ignore_index, dtype):
+    """Divide a local sum of loss terms by the global (weighted) count of counted targets."""
     valid = target != ignore_index
     if weight is not None:
         count = (weight[torch.where(valid, target, torch.zeros_like(target))] * valid).sum()
     else:
-        count = valid.sum().to(logits.dtype)
-    global_count = yield Collective("sum", count.detach().to(logits.dtype))
+        count = valid.sum()
+    global_count = yield Collective("sum", count.detach().to(dtype))
     return total / global_count
+
+
+@local_op
+def cross_entropy_batch(ctx: RankCtx, logits: torch.Tensor, target: torch.Tensor, weight=None,
+                        reduction: int = 1, ignore_index: int = -100, label_smoothing: float = 0.0):
+    """Mean cross-entropy over a batch shard. The mean needs the *global* count of counted
+    targets (uneven shares, ignored ids, class weights), so the count is summed over ranks."""
+    total = _cross_entropy_terms(logits, target, weight, ignore_index, label_smoothing)
+    return (yield from _global_mean(total, target, weight, ignore_index, logits.dtype))
+
+
+@local_op
+def nll_loss_batch(ctx: RankCtx, logp: torch.Tensor, target: torch.Tensor, weight=None,
+                   reduction: int = 1, ignore_index: int = -100):
+    """Mean NLL over a batch shard (see :func:`cross_entropy_batch`)."""
+    total = torch.nn.functional.nll_loss(logp, target, weight=weight, reduction="sum",
+                                         ignore_index=ignore_index)
+    return (yield from _global_mean(total, target, weight, ignore_index, logp.dtype))
 
 
 @local_op
@@ -158,3 +189,38 @@ def vocab_parallel_cross_entropy(ctx: RankCtx, logits: torch.Tensor, target: tor
     if reduction == 2:
         return total
     return total / valid.sum().to(logits.dtype)
+
+
+# --- view and indexing ops ---
+
+
+@local_op
+def reshape_local(ctx: RankCtx, x: torch.Tensor, *rest: Any, **kw: Any) -> torch.Tensor:
+    """A view-like op (flatten, unflatten, squeeze, unsqueeze, view_as) as a reshape to this
+    rank's piece of the global result: the op's own size arguments are global, and a piece of
+    length 1 on a sharded dimension must not be squeezed away."""
+    return x.reshape(_local_shape(ctx))
+
+
+def _diagonal_shift(ctx: RankCtx, x: torch.Tensor) -> int:
+    """How far the diagonal moves on a piece cut from the rows (down) or columns (up)."""
+    info = ctx.inputs[0]
+    if info is None:
+        return 0
+    if info.dim == x.dim() - 2:
+        return info.offset
+    if info.dim == x.dim() - 1:
+        return -info.offset
+    return 0
+
+
+@local_op
+def tril_local(ctx: RankCtx, x: torch.Tensor, diagonal: int = 0) -> torch.Tensor:
+    """tril of a row or column shard: local row i is global row i + offset."""
+    return torch.tril(x, diagonal + _diagonal_shift(ctx, x))
+
+
+@local_op
+def triu_local(ctx: RankCtx, x: torch.Tensor, diagonal: int = 0) -> torch.Tensor:
+    """triu of a row or column shard (see :func:`tril_local`)."""
+    return torch.triu(x, diagonal + _diagonal_shift(ctx, x))
