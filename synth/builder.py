@@ -1,0 +1,106 @@
+"""Building distributed programs step by step, by hand or by simple policies.
+
+:class:`ProgramBuilder` keeps the current layouts of values and inserts a
+:class:`Redistribute` whenever a strategy wants an input in another layout (reusing a copy
+already made). Baselines, tests and the search's final plan all go through it, so a program
+is always well formed: every value read exists in the layout its reader expects.
+
+:func:`propagate` is the simplest policy: walk the graph in order and give each node the
+strategy that needs the fewest (and cheapest-looking) redistributions of what is there,
+preferring sharded results. Starting from a batch-sharded input and replicated parameters it
+yields data parallelism; the search does far better, but it is a sound baseline and a handy
+way to get a valid program in tests.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+from hapc.ir.graph import Graph, Node
+from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
+from hapc.rules.registry import strategies
+
+
+class ProgramBuilder:
+    def __init__(self, graph: Graph, shares: Sequence[float],
+                 source_layouts: dict[str, Layout] | None = None) -> None:
+        self.graph = graph
+        sources = graph.params + graph.buffers + graph.inputs + \
+            [v.name for v in graph.values.values() if v.kind == "constant"]
+        layouts = {name: Replicate() for name in sources}
+        layouts.update(source_layouts or {})
+        self.program = DistProgram(graph, tuple(shares), layouts)
+        # value -> {layout: name of the copy holding it in that layout}
+        self._copies: dict[str, dict[Layout, str]] = {n: {lay: n} for n, lay in layouts.items()}
+        self._nodes = {n.name: n for n in graph.nodes}
+
+    def layouts_of(self, value: str) -> dict[Layout, str]:
+        return self._copies[value]
+
+    def ensure(self, value: str, layout: Layout, method: str = "auto") -> str:
+        """The name of a copy of ``value`` in ``layout``, redistributing if none exists yet."""
+        copies = self._copies[value]
+        if layout in copies:
+            return copies[layout]
+        src_layout, src = _best_source(copies, layout)
+        out = f"{value}@{layout!r}"
+        self.program.steps.append(Redistribute(src, out, src_layout, layout, method))
+        copies[layout] = out
+        return out
+
+    def compute(self, node: Node | str, strategy: Strategy) -> None:
+        node = self._nodes[node] if isinstance(node, str) else node
+        reads = tuple(self.ensure(v, lay) for v, lay in zip(node.input_refs(), strategy.inputs))
+        self.program.steps.append(Compute(node.name, strategy, reads))
+        for out, lay in zip(node.outputs, strategy.outputs):
+            self._copies[out] = {lay: out}
+
+    def build(self) -> DistProgram:
+        self.program.invalidate()
+        return self.program
+
+
+def _best_source(copies: dict[Layout, str], want: Layout) -> tuple[Layout, str]:
+    """Pick the copy it is cheapest to turn into ``want``: a slice of a replica is free."""
+    def rank(lay: Layout) -> int:
+        if isinstance(lay, Replicate):
+            return 0
+        if isinstance(want, Replicate) and isinstance(lay, Shard):
+            return 1
+        if isinstance(lay, Shard):
+            return 2
+        return 3
+    lay = min(copies, key=lambda x: (rank(x), repr(x)))
+    return lay, copies[lay]
+
+
+def redistribution_penalty(have: Iterable[Layout], want: Layout) -> float:
+    """A rough cost of getting ``want`` from the copies in ``have``, for greedy policies."""
+    have = list(have)
+    if want in have:
+        return 0.0
+    if any(isinstance(h, Replicate) for h in have) and not isinstance(want, Partial):
+        return 0.1          # a free slice (keeps a tiny bias towards staying put)
+    if isinstance(want, Partial):
+        return 0.2
+    return 1.0             # a real collective
+
+
+def propagate(graph: Graph, shares: Sequence[float], source_layouts: dict[str, Layout] | None = None,
+              score: Callable[[Node, Strategy, ProgramBuilder], float] | None = None) -> DistProgram:
+    """Greedy layout propagation in graph order (see module docstring)."""
+    builder = ProgramBuilder(graph, shares, source_layouts)
+
+    def default_score(node: Node, s: Strategy, b: ProgramBuilder) -> float:
+        cost = sum(redistribution_penalty(b.layouts_of(v), lay) for v, lay in zip(node.input_refs(), s.inputs))
+        sharded_out = any(isinstance(o, Shard) for o in s.outputs)
+        return cost - (0.05 if sharded_out else 0.0) + (0.01 if any(isinstance(o, Partial) for o in s.outputs)
+                                                         else 0.0)
+
+    score = score or default_score
+    for node in graph.nodes:
+        options = strategies(node, graph)
+        best = min(options, key=lambda s: (score(node, s, builder), options.index(s)))
+        builder.compute(node, best)
+    return builder.build()
