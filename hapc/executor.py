@@ -160,7 +160,7 @@ def _compute(program: DistProgram, node: Node, step: Compute, env: dict[str, Pie
         if strat.local is None:
             res = fn(*args, **kwargs)
         else:
-            ctx = RankCtx(rank, world, node.name,
+            ctx = RankCtx(rank, world, node.name, node.op,
                           _infos(program, step.inputs, strat.inputs, rank),
                           _infos(program, node.outputs, strat.outputs, rank), out_shapes, seed)
             res = fn(ctx, *args, **kwargs)
@@ -228,7 +228,7 @@ def _substitute(node: Node, tensors: list[torch.Tensor], dtype: torch.dtype | No
         if isinstance(a, str) and a.startswith("torch."):
             return getattr(torch, a.removeprefix("torch."))
         if isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda", "meta"):
-            return torch.device(a)
+            return torch.device("cpu")   # traced on any device (even meta), executed here on CPU
         return a
 
     args = sub(node.args)

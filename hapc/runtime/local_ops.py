@@ -40,6 +40,7 @@ class RankCtx:
     rank: int
     world: int
     node: str
+    op: str
     inputs: tuple[ShardInfo | None, ...]     # per tensor argument; None unless Shard
     outputs: tuple[ShardInfo | None, ...]
     out_shapes: tuple[tuple[int, ...], ...]  # global output shapes
@@ -122,6 +123,22 @@ def sdpa_query_shard(ctx: RankCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Te
             torch.where(causal, attn_mask, torch.tensor(float("-inf"), dtype=q.dtype))
     return torch.nn.functional.scaled_dot_product_attention(
         q, k, v, causal, dropout_p, False, scale=scale, enable_gqa=enable_gqa)
+
+
+@local_op
+def arange_local(ctx: RankCtx, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """This rank's piece of ``torch.arange(*args)``."""
+    info = ctx.outputs[0]
+    return torch.arange(*args, **kwargs).narrow(0, info.offset, info.length)
+
+
+@local_op
+def create_local(ctx: RankCtx, size: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """zeros/ones/full with this rank's local size (values do not depend on the rank)."""
+    fn = {"aten.zeros.default": torch.zeros, "aten.ones.default": torch.ones,
+          "aten.full.default": torch.full}[ctx.op]
+    kwargs.pop("memory_format", None)
+    return fn(_local_shape(ctx), *args, **kwargs)
 
 
 def _cross_entropy_terms(logits, target, weight, ignore_index, label_smoothing):
@@ -224,3 +241,149 @@ def tril_local(ctx: RankCtx, x: torch.Tensor, diagonal: int = 0) -> torch.Tensor
 def triu_local(ctx: RankCtx, x: torch.Tensor, diagonal: int = 0) -> torch.Tensor:
     """triu of a row or column shard (see :func:`tril_local`)."""
     return torch.triu(x, diagonal + _diagonal_shift(ctx, x))
+
+
+# --- conv, norm and MoE ops ---
+
+@local_op
+def conv_groups_local(ctx: RankCtx, x: torch.Tensor, weight: torch.Tensor, bias=None, stride: Any = 1,
+                      padding: Any = 0, dilation: Any = 1, *rest: Any) -> torch.Tensor:
+    """A grouped convolution on a piece of whole groups: the group count is this rank's.
+
+    ``rest`` is ``(groups,)`` for conv{n}d or ``(transposed, output_padding, groups)`` for
+    ``convolution``; only non-transposed convolutions are sharded by group.
+    """
+    channel_dim = x.dim() - weight.dim() + 1
+    local_groups = x.shape[channel_dim] // weight.shape[1]
+    if local_groups == 0:
+        return x.new_zeros(_local_shape(ctx))
+    if len(rest) == 3:
+        return torch.convolution(x, weight, bias, stride, padding, dilation, rest[0], rest[1], local_groups)
+    conv = getattr(torch.nn.functional, f"conv{weight.dim() - 2}d")
+    return conv(x, weight, bias, stride, padding, dilation, local_groups)
+
+
+@local_op
+def adaptive_avg_pool_local(ctx: RankCtx, x: torch.Tensor, output_size: Any) -> torch.Tensor:
+    """Adaptive average pooling of a piece of whole windows: the output size along the sharded
+    dimension is this rank's piece of the global output size."""
+    size = list(output_size)
+    info = ctx.outputs[0]
+    size[info.dim - (x.dim() - len(size))] = info.length
+    pool = getattr(torch.nn.functional, f"adaptive_avg_pool{len(size)}d")
+    return pool(x, size)
+
+
+@local_op
+def batch_norm_sync(ctx: RankCtx, x: torch.Tensor, weight=None, bias=None, running_mean=None,
+                    running_var=None, training: bool = True, momentum: float = 0.1, eps: float = 1e-5,
+                    cudnn_enabled: bool = False):
+    """Batch norm over a piece of a non-channel dimension with the *global* statistics.
+
+    One all-reduce of ``[sum, n*mean^2, M2, n]`` per rank (``M2`` centred on the rank's own
+    mean, so float32 keeps its precision) gives the global mean and biased variance exactly,
+    whatever the piece sizes. The reduction is differentiable, so autograd back-propagates
+    through the statistics as sync batch norm must. Running statistics stay replicated: every
+    rank snapshots them before the collective and writes the same update after it, so the
+    update happens once even when simulated ranks share one tensor.
+    """
+    channels = x.shape[1]
+    dims = [d for d in range(x.dim()) if d != 1]
+    shape = [1, channels] + [1] * (x.dim() - 2)
+    acc = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    n_local = acc.numel() // channels if channels else 0
+    local_sum = acc.sum(dims)
+    local_mean = local_sum / max(n_local, 1)
+    local_m2 = (acc - local_mean.reshape(shape)).pow(2).sum(dims)
+    count = acc.new_full((1,), float(n_local))
+    update = training and running_mean is not None
+    if update:
+        old_mean, old_var = running_mean.detach().clone(), running_var.detach().clone()
+    total = yield Collective("sum", torch.cat([local_sum, local_sum * local_mean, local_m2, count]))
+    g_sum, g_sq, g_m2, n = total[:channels], total[channels:2 * channels], total[2 * channels:3 * channels], total[-1]
+    mean = g_sum / n
+    var = ((g_m2 + g_sq - n * mean * mean) / n).clamp_min(0)
+    y = (acc - mean.reshape(shape)) * torch.rsqrt(var + eps).reshape(shape)
+    if weight is not None:
+        y = y * weight.reshape(shape)
+    if bias is not None:
+        y = y + bias.reshape(shape)
+    if update:
+        # Through ``.data``, like torch's own kernel: a side effect autograd does not version.
+        unbiased = var.detach() * (n.detach() / (n.detach() - 1)) if n.item() > 1 else var.detach()
+        running_mean.data.copy_(old_mean * (1 - momentum) + mean.detach() * momentum)
+        running_var.data.copy_(old_var * (1 - momentum) + unbiased * momentum)
+    return y.to(x.dtype)
+
+
+@local_op
+def cumsum_scan(ctx: RankCtx, x: torch.Tensor, dim: int, dtype=None):
+    """cumsum along a sharded dimension: the local cumsum plus the totals of lower ranks.
+
+    The totals are exchanged with one sum all-reduce of a ``[world, ...]`` tensor in which
+    each rank fills its own row (an all-gather that needs only ``sum``); it is
+    differentiable, so gradients reach the earlier pieces as the global scan's would.
+    """
+    info = ctx.inputs[0]
+    local = torch.cumsum(x, info.dim, dtype=dtype)
+    if local.shape[info.dim]:
+        total = local.narrow(info.dim, local.shape[info.dim] - 1, 1)
+    else:
+        shape = list(local.shape)
+        shape[info.dim] = 1
+        total = local.new_zeros(shape)
+    rows = torch.stack([total if r == ctx.rank else torch.zeros_like(total) for r in range(ctx.world)])
+    totals = yield Collective("sum", rows)
+    return local + totals[:ctx.rank].sum(0) if ctx.rank else local
+
+
+@local_op
+def one_hot_class_shard(ctx: RankCtx, ids: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
+    """This rank's columns of ``one_hot(ids)``: ids of classes other ranks own give zeros."""
+    info = ctx.outputs[0]
+    local = ids - info.offset
+    mine = (local >= 0) & (local < info.length)
+    if info.length == 0:
+        return torch.zeros(*ids.shape, 0, dtype=torch.int64, device=ids.device)
+    out = torch.nn.functional.one_hot(torch.where(mine, local, torch.zeros_like(local)), info.length)
+    return out * mine.unsqueeze(-1)
+
+
+def _into_piece(ctx: RankCtx, op, x: torch.Tensor, index: torch.Tensor, *rest: Any, **kw: Any):
+    """Apply a scatter-like ``op`` to this rank's piece of ``x`` along the scatter dimension.
+
+    Indices other ranks own are sent to a scratch slot appended to the piece and dropped
+    afterwards, so every scatter variant (overwrite, add, reduce) keeps its own semantics
+    and gradients of foreign source entries are zero here (their owner supplies them).
+    """
+    info = ctx.inputs[0]
+    local = index - info.offset
+    mine = (local >= 0) & (local < info.length)
+    local = torch.where(mine, local, torch.full_like(local, info.length))
+    pad = list(x.shape)
+    pad[info.dim] = 1
+    out = op(torch.cat([x, x.new_zeros(pad)], info.dim), info.dim, local, *rest, **kw)
+    return out.narrow(info.dim, 0, info.length)
+
+
+@local_op
+def scatter_into_piece(ctx: RankCtx, x: torch.Tensor, dim: int, index: torch.Tensor, src: Any) -> torch.Tensor:
+    return _into_piece(ctx, torch.scatter, x, index, src)
+
+
+@local_op
+def scatter_add_into_piece(ctx: RankCtx, x: torch.Tensor, dim: int, index: torch.Tensor,
+                           src: torch.Tensor) -> torch.Tensor:
+    return _into_piece(ctx, torch.scatter_add, x, index, src)
+
+
+@local_op
+def scatter_reduce_into_piece(ctx: RankCtx, x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor,
+                              reduce: str, include_self: bool = True) -> torch.Tensor:
+    return _into_piece(ctx, torch.scatter_reduce, x, index, src, reduce, include_self=include_self)
+
+
+@local_op
+def index_add_into_piece(ctx: RankCtx, x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor,
+                         alpha: Any = 1) -> torch.Tensor:
+    return _into_piece(ctx, torch.index_add, x, index, source, alpha=alpha)
