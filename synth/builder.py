@@ -38,20 +38,32 @@ class ProgramBuilder:
     def layouts_of(self, value: str) -> dict[Layout, str]:
         return self._copies[value]
 
-    def ensure(self, value: str, layout: Layout, method: str = "auto") -> str:
-        """The name of a copy of ``value`` in ``layout``, redistributing if none exists yet."""
+    def ensure(self, value: str, layout: Layout, method: str = "auto", source: Layout | None = None) -> str:
+        """The name of a copy of ``value`` in ``layout``, redistributing if none exists yet
+        (from the copy held in ``source`` when given, else from the cheapest-looking one)."""
         copies = self._copies[value]
         if layout in copies:
             return copies[layout]
-        src_layout, src = _best_source(copies, layout)
+        if source is not None and source in copies:
+            src_layout, src = source, copies[source]
+        else:
+            src_layout, src = _best_source(copies, layout)
         out = f"{value}@{layout!r}"
         self.program.steps.append(Redistribute(src, out, src_layout, layout, method))
         copies[layout] = out
         return out
 
-    def compute(self, node: Node | str, strategy: Strategy) -> None:
+    def store(self, value: str, layout: Layout) -> None:
+        """Keep source ``value`` (a parameter) in ``layout`` from the start (sharded storage)."""
+        self.program.source_layouts[value] = layout
+        self._copies[value] = {layout: value}
+
+    def compute(self, node: Node | str, strategy: Strategy,
+                sources: Sequence[Layout | None] | None = None) -> None:
         node = self._nodes[node] if isinstance(node, str) else node
-        reads = tuple(self.ensure(v, lay) for v, lay in zip(node.input_refs(), strategy.inputs))
+        sources = sources or [None] * len(strategy.inputs)
+        reads = tuple(self.ensure(v, lay, source=src)
+                      for v, lay, src in zip(node.input_refs(), strategy.inputs, sources))
         self.program.steps.append(Compute(node.name, strategy, reads))
         for out, lay in zip(node.outputs, strategy.outputs):
             self._copies[out] = {lay: out}

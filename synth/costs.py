@@ -1,0 +1,172 @@
+"""Prices of the search's moves, from the cost model, cached.
+
+The search adds up, for every node, the time of its chosen strategy (the slowest rank's
+forward + backward roofline for the share it holds) and of every layout change its inputs
+need (the forward collective plus its autograd dual). Parameters add the price of keeping
+their gradient consistent: an all-reduce for a replicated one (scaled by ``overlap``, the part
+of it that does *not* hide behind backward compute), nothing for a sharded one.
+
+Prices depend only on shapes, dtypes, layouts and shares, so they are cached by those:
+the twelfth transformer layer costs nothing to price.
+
+Pieces follow :func:`hapc.ir.shards.shard_lengths` of the sharded dimension on its own (the
+block coupling between dimensions is a program-wide detail the final simulation accounts for).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+from costmodel.cluster import Cluster
+from costmodel.collectives import best_variant
+from costmodel.compute import node_seconds
+from hapc.ir.graph import DTYPE_BYTES, Graph, Node, TensorMeta
+from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.program import Strategy
+from hapc.ir.shards import shard_lengths
+
+
+@dataclass(frozen=True)
+class MovePrice:
+    seconds: float
+    fwd_kind: str        # collective kind, "local" or "none"
+    fwd_variant: str
+
+
+class Prices:
+    """Cached prices for one cluster and one share vector."""
+
+    def __init__(self, graph: Graph, cluster: Cluster, shares: Sequence[float], *,
+                 grad_sync_overlap: float = 0.5) -> None:
+        self.graph = graph
+        self.cluster = cluster
+        self.shares = tuple(float(s) for s in shares)
+        self.world = len(self.shares)
+        self.overlap = grad_sync_overlap
+        self._compute: dict[tuple, float] = {}
+        self._moves: dict[tuple, MovePrice] = {}
+        self._lengths = lru_cache(maxsize=None)(self._lengths_uncached)
+
+    # ---- compute -------------------------------------------------------------------------
+    def fractions(self, length: int | None) -> tuple[float, ...]:
+        """Share of the work per rank when a dimension of ``length`` is split (None: whole)."""
+        if length is None:
+            return (1.0,) * self.world
+        return tuple(n / length for n in self._lengths(length))
+
+    def _lengths_uncached(self, length: int) -> tuple[int, ...]:
+        return tuple(shard_lengths(length, self.shares))
+
+    def compute_seconds(self, node: Node, strategy: Strategy, key: tuple) -> float:
+        """Slowest rank's forward + backward seconds for ``node`` under ``strategy``.
+
+        ``key`` identifies the node's cost signature (equal for repeated layers).
+        """
+        length = sharded_length(self.graph, node, strategy)
+        ck = (key, length)
+        hit = self._compute.get(ck)
+        if hit is not None:
+            return hit
+        worst = 0.0
+        for rank, f in enumerate(self.fractions(length)):
+            t = node_seconds(node, self.graph, self.cluster.devices[rank], self.cluster, f)
+            worst = max(worst, t.fwd_seconds + t.bwd_seconds)
+        self._compute[ck] = worst
+        return worst
+
+    def node_lower_bound(self, node: Node, key: tuple) -> float:
+        """No strategy of ``node`` beats its work spread over all ranks in proportion to speed."""
+        ck = (key, "lb")
+        hit = self._compute.get(ck)
+        if hit is None:
+            rate = 0.0
+            for rank in range(self.world):
+                t = node_seconds(node, self.graph, self.cluster.devices[rank], self.cluster, 1.0)
+                total = t.fwd_seconds + t.bwd_seconds
+                rate += 1.0 / total if total > 0 else 0.0
+            hit = 1.0 / rate if rate > 0 else 0.0
+            self._compute[ck] = hit
+        return hit
+
+    # ---- layout changes ------------------------------------------------------------------
+    def move(self, meta: TensorMeta, needs_grad: bool, src: Layout, dst: Layout) -> MovePrice:
+        """Forward collective + backward dual for turning ``src`` into ``dst``."""
+        key = (meta, needs_grad, src, dst)
+        hit = self._moves.get(key)
+        if hit is None:
+            hit = self._price_move(meta, needs_grad, src, dst)
+            self._moves[key] = hit
+        return hit
+
+    def _pieces(self, meta: TensorMeta, layout: Layout) -> list[float]:
+        full = float(meta.numel * DTYPE_BYTES.get(meta.dtype, 4))
+        if not isinstance(layout, Shard):
+            return [full] * self.world
+        length = meta.shape[layout.dim]
+        return [full * n / length for n in self._lengths(length)]
+
+    def _collective(self, kind: str, pieces: list[float]) -> tuple[str, float]:
+        return best_variant(kind, pieces, self.cluster)
+
+    def _price_move(self, meta: TensorMeta, needs_grad: bool, src: Layout, dst: Layout) -> MovePrice:
+        if src == dst:
+            return MovePrice(0.0, "none", "")
+        fwd_kind, back_kind = transfer_kinds(src, dst)
+        seconds, variant = 0.0, ""
+        if fwd_kind not in ("local", "none"):
+            pieces = self._pieces(meta, dst if fwd_kind == "reduce_scatter" else src)
+            variant, seconds = self._collective(fwd_kind, pieces)
+        if needs_grad and back_kind not in ("local", "none"):
+            pieces = self._pieces(meta, src if back_kind == "reduce_scatter" else dst)
+            seconds += self._collective(back_kind, pieces)[1]
+        if fwd_kind == "local":
+            seconds += self._local_write_seconds(meta)
+        return MovePrice(seconds, fwd_kind, variant)
+
+    def _local_write_seconds(self, meta: TensorMeta) -> float:
+        nbytes = meta.numel * DTYPE_BYTES.get(meta.dtype, 4)
+        return max(nbytes / d.hbm_bandwidth_Bps for d in self.cluster.devices)
+
+    def grad_sync_seconds(self, meta: TensorMeta) -> float:
+        """Exposed part of the all-reduce that keeps a replicated parameter's gradient whole."""
+        key = (meta, "grad_sync")
+        hit = self._moves.get(key)
+        if hit is None:
+            _, t = self._collective("all_reduce", self._pieces(meta, Replicate()))
+            hit = MovePrice(t * (1.0 - self.overlap), "all_reduce", "")
+            self._moves[key] = hit
+        return hit.seconds
+
+
+def transfer_kinds(src: Layout, dst: Layout) -> tuple[str, str]:
+    """(forward, backward) collective kinds of a layout change; see costmodel.transfers."""
+    if src == dst:
+        return "none", "none"
+    if isinstance(src, Shard) and isinstance(dst, Replicate):
+        return "all_gather", "reduce_scatter"
+    if isinstance(src, Partial) and isinstance(dst, Replicate):
+        return "all_reduce", "all_reduce"
+    if isinstance(src, Partial) and isinstance(dst, Shard):
+        return "reduce_scatter", "all_gather"
+    if isinstance(src, Shard) and isinstance(dst, Shard):
+        return "all_to_all", "all_to_all"
+    if isinstance(src, Replicate) and isinstance(dst, Shard):
+        return "none", "local"
+    if isinstance(src, Shard) and isinstance(dst, Partial):
+        return "local", "none"
+    if isinstance(src, Replicate) and isinstance(dst, Partial):
+        return "none", "none"
+    raise ValueError(f"no transfer {src} -> {dst}")
+
+
+def sharded_length(graph: Graph, node: Node, strategy: Strategy) -> int | None:
+    """Length of the dimension a strategy splits (all its sharded dims are split alike)."""
+    for name, lay in zip(node.outputs, strategy.outputs):
+        if isinstance(lay, Shard):
+            return graph.meta(name).shape[lay.dim]
+    for name, lay in zip(node.input_refs(), strategy.inputs):
+        if isinstance(lay, Shard):
+            return graph.meta(name).shape[lay.dim]
+    return None

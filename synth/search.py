@@ -1,0 +1,377 @@
+"""A* search for the cheapest distributed program under fixed shares.
+
+The state after node ``i`` is the set of layouts each live activation is held in; a move
+chooses a strategy for node ``i + 1`` and pays its compute plus every layout change its
+inputs need (see :mod:`synth.costs`). States reached twice are merged (only the cheaper
+survives), so the frontier stays small.
+
+**Heuristic.** ``h(i)`` is the sum over the remaining nodes of each node's work spread over
+the whole cluster in proportion to speed: no strategy does better, and every move pays at
+least its node's share of it, so ``h`` is admissible and consistent and A* pops states in
+order of their *excess* over the lower bound.
+
+**Segments.** The graph is cut where at most one activation is live (see
+:mod:`synth.space`). Each distinct segment is solved once per entry layout: A* runs until it
+has settled every exit layout that could still matter — one whose cost is within the
+boundary value's most expensive conversion of the best exit, since any other exit can be
+had from the best one by that conversion. A small exact DP then chains the segments. The
+result is the optimum under the search's cost model.
+
+**Time budget.** When ``deadline`` passes, open states are finished greedily and the plan
+found is returned with a lower bound (the smallest ``f`` still open), so the gap is known.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.program import DistProgram
+from synth.space import FREE, PARAM, NodeSpace, SearchSpace, Segment, layout_order
+
+State = tuple  # ((value id, layout bitmask), ...) sorted by value id
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The decision for one node: a strategy and, per input, the layout it is taken from
+    (an activation's existing copy, or a parameter's storage layout)."""
+
+    option: int
+    sources: tuple[Layout | None, ...]
+
+
+@dataclass
+class SearchResult:
+    choices: list[Choice]
+    cost_seconds: float
+    lower_bound_seconds: float
+    exact: bool
+    states_expanded: int
+    segments: int
+    distinct_segments: int
+    seconds: float
+    param_storage: dict[str, Layout] = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float:
+        if self.cost_seconds <= 0:
+            return 0.0
+        return max(0.0, (self.cost_seconds - self.lower_bound_seconds) / self.cost_seconds)
+
+
+class Searcher:
+    def __init__(self, space: SearchSpace, deadline: float | None = None) -> None:
+        self.space = space
+        self.prices = space.prices
+        self.graph = space.graph
+        self.deadline = deadline
+        self.expanded = 0
+        self.exact = True
+        self._memo: dict[tuple, dict[int, tuple[float, list[Choice]]]] = {}
+        self._param_cache: dict[tuple, tuple[float, Layout]] = {}
+        self.open_lower_bound = math.inf
+        # Layouts are small ints in the hot loop (R=0, P=1, S(d)=2+d); sets of them are bitmasks.
+        self.layouts: list[Layout] = [Replicate(), Partial()] + [Shard(d) for d in range(16)]
+        self._vid = {name: i for i, name in enumerate(self.graph.values)}
+        self._names = list(self.graph.values)
+        self._sig: list[int] = []
+        sigs: dict[tuple, int] = {}
+        for v in self.graph.values.values():
+            self._sig.append(sigs.setdefault((v.meta, v.requires_grad), len(sigs)))
+        self._move_cache: dict[tuple[int, int, int], float] = {}
+        self._codes_cache: dict[int, list[int]] = {}
+        self._tables = [self._compile(ns) for ns in space.nodes]
+
+    @staticmethod
+    def code(layout: Layout) -> int:
+        if isinstance(layout, Replicate):
+            return 0
+        if isinstance(layout, Partial):
+            return 1
+        return 2 + layout.dim
+
+    # ---- prices of one move ----------------------------------------------------------------
+    def _move_seconds(self, vid: int, src: int, dst: int) -> float:
+        key = (self._sig[vid], src, dst)
+        hit = self._move_cache.get(key)
+        if hit is None:
+            v = self.graph.values[self._names[vid]]
+            hit = self.prices.move(v.meta, v.requires_grad, self.layouts[src], self.layouts[dst]).seconds
+            self._move_cache[key] = hit
+        return hit
+
+    def _param_price(self, name: str, want: Layout) -> tuple[float, Layout]:
+        """Cheapest (seconds, storage layout) for reading parameter ``name`` as ``want``."""
+        v = self.graph.values[name]
+        uses = self.space.param_uses.get(name, 1)
+        key = (v.meta, v.requires_grad, want, uses, self.space.allow_replicated_params)
+        hit = self._param_cache.get(key)
+        if hit is not None:
+            return hit
+        options: list[tuple[float, Layout]] = []
+        if isinstance(want, Shard):
+            options.append((0.0, want))
+        if self.space.allow_replicated_params or not v.requires_grad:
+            sync = self.prices.grad_sync_seconds(v.meta) / uses if v.requires_grad else 0.0
+            move = self.prices.move(v.meta, v.requires_grad, Replicate(), want).seconds
+            options.append((sync + move, Replicate()))
+        if not isinstance(want, Shard):          # ZeRO-3: stored sharded, gathered for use
+            dims = [d for d, n in enumerate(v.meta.shape) if n > 1]
+            if dims:
+                d = max(dims, key=lambda k: (v.meta.shape[k], -k))
+                gather = self.prices.move(v.meta, v.requires_grad, Shard(d), Replicate()).seconds
+                options.append((gather, Shard(d)))
+        if not options:
+            options.append((self.prices.move(v.meta, v.requires_grad, Replicate(), want).seconds, Replicate()))
+        best = min(options, key=lambda o: (o[0], layout_order(o[1])))
+        self._param_cache[key] = best
+        return best
+
+    def _compile(self, ns: NodeSpace) -> list[tuple]:
+        """Per strategy: (state-independent seconds, activation inputs, fixed sources, drops, outputs).
+
+        Parameter and free inputs cost the same in every state, so they are priced here once.
+        """
+        i = ns.index
+        last_use = self.space.last_use
+        drops = tuple(sorted({self._vid[v] for v, kind in ns.inputs if kind not in (FREE, PARAM)
+                              and last_use[v] <= i}))
+        table = []
+        for k, strat in enumerate(ns.options):
+            base = ns.compute_seconds[k]
+            fixed: list[Layout | None] = []
+            acts = []
+            for pos, ((value, kind), want) in enumerate(zip(ns.inputs, strat.inputs)):
+                if kind == FREE:
+                    fixed.append(None)
+                elif kind == PARAM:
+                    c, storage = self._param_price(value, want)
+                    base += c
+                    fixed.append(storage)
+                else:
+                    fixed.append(None)
+                    acts.append((pos, self._vid[value], self.code(want)))
+            outs = tuple((self._vid[o], 1 << self.code(lay)) for o, lay in zip(ns.node.outputs, strat.outputs)
+                         if last_use.get(o, -1) > i)
+            table.append((base, tuple(acts), tuple(fixed), drops, outs))
+        return table
+
+    def _expand(self, ns: NodeSpace, state: State):
+        """Yield (new state, seconds, choice) for every strategy of node ``ns``."""
+        held = dict(state)
+        move = self._move_seconds
+        for k, (base, acts, fixed, drops, outs) in enumerate(self._tables[ns.index]):
+            cost = base
+            masks = dict(held)
+            sources = list(fixed)
+            for pos, vid, want in acts:
+                mask = masks[vid]
+                bit = 1 << want
+                if mask & bit:
+                    sources[pos] = self.layouts[want]
+                    continue
+                best_src, best = -1, math.inf
+                m, src = mask, 0
+                while m:
+                    if m & 1:
+                        c = move(vid, src, want)
+                        if c < best:
+                            best_src, best = src, c
+                    m >>= 1
+                    src += 1
+                cost += best
+                sources[pos] = self.layouts[best_src]
+                masks[vid] = mask | bit
+            for vid in drops:
+                masks.pop(vid, None)
+            for vid, bit in outs:
+                masks[vid] = bit
+            yield tuple(sorted(masks.items())), cost, Choice(k, tuple(sources))
+
+    # ---- one segment ----------------------------------------------------------------------
+    def solve_segment(self, seg: Segment, entry: int) -> dict[int, tuple[float, list[Choice]]]:
+        """Best cost and choices from ``entry`` (layout mask of the entry value) to each useful exit."""
+        key = (seg.signature, entry)
+        if key in self._memo:
+            return self._memo[key]
+        nodes = self.space.nodes
+        h = [0.0] * (seg.stop - seg.start + 1)
+        for j in range(seg.stop - 1, seg.start - 1, -1):
+            h[j - seg.start] = h[j - seg.start + 1] + self._node_floor(nodes[j])
+        start_state: State = ((self._vid[seg.entry], entry),) if seg.entry else ()
+        best_g: dict[tuple, float] = {(seg.start, start_state): 0.0}
+        parent: dict[tuple, tuple[tuple, Choice] | None] = {(seg.start, start_state): None}
+        counter = itertools.count()
+        heap = [(h[0], next(counter), seg.start, start_state)]
+        exits: dict[int, float] = {}
+        bound = math.inf
+
+        while heap:
+            f, _, i, state = heapq.heappop(heap)
+            if f > bound + 1e-15:
+                break
+            g = best_g[(i, state)]
+            if g + h[i - seg.start] < f - 1e-15:
+                continue                              # a stale entry of a state since improved
+            if i == seg.stop:
+                mask = dict(state).get(self._exit_vid(seg), 0)
+                exits.setdefault(mask, g)
+                if bound == math.inf:   # the best exit: others matter only if cheaper than converting it
+                    bound = g + (self._conversion_bound(seg.exit, mask) if seg.exit else 0.0)
+                continue
+            if i > seg.start and self._dominated(i, state, g, best_g):
+                continue
+            if self.deadline is not None and time.perf_counter() > self.deadline:
+                self.exact = False
+                self.open_lower_bound = min(self.open_lower_bound, f)
+                self._greedy_finish(seg, i, state, g, best_g, parent, exits)
+                continue
+            self.expanded += 1
+            for new_state, cost, choice in self._expand(nodes[i], state):
+                g2 = g + cost
+                k2 = (i + 1, new_state)
+                if g2 < best_g.get(k2, math.inf) - 1e-18:
+                    best_g[k2] = g2
+                    parent[k2] = ((i, state), choice)
+                    heapq.heappush(heap, (g2 + h[i + 1 - seg.start], next(counter), i + 1, new_state))
+        result = {}
+        for exit_layouts, g in exits.items():
+            state = self._exit_state(seg, exit_layouts, best_g)
+            result[exit_layouts] = (g, self._path(parent, (seg.stop, state), seg.start))
+        self._memo[key] = result
+        return result
+
+    def _dominated(self, i: int, state: State, g: float, best_g: dict) -> bool:
+        """Is there a state at ``i`` that differs in one value's layouts and is cheaper even
+        after converting that value to these layouts? Then this one can be dropped: every
+        continuation from here is at most as cheap from there (merging equivalent frontiers)."""
+        for pos, (vid, mask) in enumerate(state):
+            single = mask & (mask - 1) == 0
+            for code in self._codes_of(vid):
+                alt = 1 << code
+                if alt == mask:
+                    continue
+                other = state[:pos] + ((vid, alt),) + state[pos + 1:]
+                g_other = best_g.get((i, other))
+                if g_other is None or g_other > g:
+                    continue
+                extra = 0.0
+                m, c = mask, 0
+                while m:
+                    if m & 1 and c != code:
+                        extra += self._move_seconds(vid, code, c)
+                    m >>= 1
+                    c += 1
+                if g_other + extra <= g - 1e-15 or (single and g_other + extra <= g and other < state):
+                    return True
+        return False
+
+    def _codes_of(self, vid: int) -> list[int]:
+        hit = self._codes_cache.get(vid)
+        if hit is None:
+            shape = self.graph.values[self._names[vid]].meta.shape
+            hit = [0, 1] + [2 + d for d, n in enumerate(shape) if n > 1]
+            self._codes_cache[vid] = hit
+        return hit
+
+    def _exit_vid(self, seg: Segment) -> int:
+        """The value carried out of a segment: its exit activation, or the loss at the end."""
+        return self._vid[seg.exit if seg.exit else self.graph.output]
+
+    def _exit_state(self, seg: Segment, exit_mask: int, best_g: dict) -> State:
+        vid = self._exit_vid(seg)
+        candidates = [s for (i, s) in best_g if i == seg.stop and dict(s).get(vid, 0) == exit_mask]
+        return min(candidates, key=lambda s: best_g[(seg.stop, s)])
+
+    def _greedy_finish(self, seg, i, state, g, best_g, parent, exits) -> None:
+        """Out of time: finish this state with the cheapest move at every node."""
+        nodes = self.space.nodes
+        while i < seg.stop:
+            new_state, cost, choice = min(self._expand(nodes[i], state), key=lambda t: t[1])
+            k2 = (i + 1, new_state)
+            if g + cost < best_g.get(k2, math.inf):
+                best_g[k2] = g + cost
+                parent[k2] = ((i, state), choice)
+            i, state, g = i + 1, new_state, g + cost
+        exits.setdefault(dict(state).get(self._exit_vid(seg), 0), best_g[(i, state)])
+
+    @staticmethod
+    def _path(parent: dict, key: tuple, start: int) -> list[Choice]:
+        path = []
+        while parent.get(key) is not None:
+            key, choice = parent[key]
+            path.append(choice)
+        path.reverse()
+        return path
+
+    def _conversion_bound(self, value: str, mask: int) -> float:
+        """The most it costs to turn ``value``, held in the layouts of ``mask``, into any layout."""
+        v = self.graph.values[value]
+        codes = [0, 1] + [2 + d for d, n in enumerate(v.meta.shape) if n > 1]
+        vid = self._vid[value]
+        held = [c for c in codes if mask >> c & 1]
+        return max((min(self._move_seconds(vid, a, b) for a in held) for b in codes), default=0.0)
+
+    def _node_floor(self, ns: NodeSpace) -> float:
+        """No move at this node costs less than its cheapest strategy's own price."""
+        return min(t[0] for t in self._tables[ns.index]) if ns.options else 0.0
+
+    # ---- the whole graph ------------------------------------------------------------------
+    def run(self) -> SearchResult:
+        started = time.perf_counter()
+        frontier: dict[int, tuple[float, list[Choice]]] = {0: (0.0, [])}
+        for seg in self.space.segments:
+            nxt: dict[int, tuple[float, list[Choice]]] = {}
+            for entry, (g, path) in sorted(frontier.items(), key=lambda kv: (kv[1][0], kv[0])):
+                for exit_layouts, (cost, sub) in self.solve_segment(seg, entry).items():
+                    total = g + cost
+                    if total < nxt.get(exit_layouts, (math.inf,))[0] - 1e-18:
+                        nxt[exit_layouts] = (total, path + sub)
+            frontier = nxt
+        finals = {k: v for k, v in frontier.items() if k & 0b11}     # the loss ends R or P
+        if not finals:
+            raise RuntimeError("no plan ends with a Replicate or Partial loss")
+        _, (cost, choices) = min(finals.items(), key=lambda kv: (kv[1][0], kv[0]))
+        lb = sum(ns.lower_bound_seconds for ns in self.space.nodes)
+        if not self.exact:
+            lb = max(lb, min(self.open_lower_bound, cost))
+        else:
+            lb = cost
+        storage = self._param_storage(choices)
+        distinct = len({s.signature for s in self.space.segments})
+        return SearchResult(choices, cost, lb, self.exact, self.expanded, len(self.space.segments),
+                            distinct, time.perf_counter() - started, storage)
+
+    def _param_storage(self, choices: list[Choice]) -> dict[str, Layout]:
+        """Each parameter is stored in the layout its first use chose."""
+        storage: dict[str, Layout] = {}
+        for ns, choice in zip(self.space.nodes, choices):
+            for (value, kind), src in zip(ns.inputs, choice.sources):
+                if kind == PARAM and value not in storage and src is not None:
+                    storage[value] = src
+        return storage
+
+
+def search(space: SearchSpace, time_budget_seconds: float | None = None) -> SearchResult:
+    deadline = time.perf_counter() + time_budget_seconds if time_budget_seconds else None
+    return Searcher(space, deadline).run()
+
+
+
+
+
+def to_program(space: SearchSpace, result: SearchResult, shares) -> DistProgram:
+    """Turn the search's choices into a :class:`DistProgram` (redistributions inserted)."""
+    from synth.builder import ProgramBuilder
+
+    builder = ProgramBuilder(space.graph, shares)
+    for name, layout in sorted(result.param_storage.items()):
+        builder.store(name, layout)
+    for ns, choice in zip(space.nodes, result.choices):
+        builder.compute(ns.node, ns.options[choice.option], choice.sources)
+    return builder.build()

@@ -1,0 +1,194 @@
+"""The search space: for every node, its strategies and their prices; liveness; segments.
+
+Values fall into three kinds for the search:
+
+* **activations** (node results) — tracked in the search state with the layouts they are
+  currently held in, until their last use;
+* **parameters** — stored in one layout (``Replicate`` costs a gradient all-reduce, ``Shard``
+  costs nothing) and moved to whatever layout each use wants;
+* **free values** (the batch, buffers, constants) — every rank can take any piece of them at
+  no cost (it loads or holds the whole).
+
+**Segments** are runs of nodes between *cut points*, where at most one activation is live
+(between transformer blocks only the residual stream is). Two segments with the same
+structure (op, shapes, constants, wiring; not names) have the same optimal sub-plans, so the
+search solves each distinct segment once: that is what makes its time grow about linearly
+with depth while HAP's grows quadratically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from hapc.ir.graph import Graph, Node, Ref
+from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.program import Strategy
+from hapc.rules.registry import strategies
+from synth.costs import Prices
+
+ACT, PARAM, FREE = "act", "param", "free"
+
+
+@dataclass
+class NodeSpace:
+    index: int
+    node: Node
+    options: list[Strategy]
+    compute_seconds: list[float]
+    lower_bound_seconds: float
+    inputs: list[tuple[str, str]]          # (value, kind) per tensor argument
+    signature: tuple = ()
+
+
+@dataclass
+class Segment:
+    start: int                 # first node index
+    stop: int                  # one past the last node index
+    entry: str | None          # the activation live when the segment starts
+    exit: str | None           # the activation live when it ends
+    signature: str = ""
+
+
+@dataclass
+class SearchSpace:
+    graph: Graph
+    prices: Prices
+    nodes: list[NodeSpace]
+    last_use: dict[str, int]
+    segments: list[Segment] = field(default_factory=list)
+    param_uses: dict[str, int] = field(default_factory=dict)
+    allow_replicated_params: bool = True
+
+    @staticmethod
+    def build(graph: Graph, prices: Prices, *, allow_replicated_params: bool = True) -> "SearchSpace":
+        kinds = {}
+        for v in graph.values.values():
+            kinds[v.name] = PARAM if v.kind == "param" else (ACT if v.kind == "activation" else FREE)
+        last_use: dict[str, int] = {}
+        param_uses: dict[str, int] = {}
+        for i, node in enumerate(graph.nodes):
+            for r in node.input_refs():
+                last_use[r] = i
+                if kinds[r] == PARAM:
+                    param_uses[r] = param_uses.get(r, 0) + 1
+        last_use[graph.output] = len(graph.nodes)          # the loss lives to the end
+        nodes = []
+        for i, node in enumerate(graph.nodes):
+            key = cost_key(graph, node)
+            options = [s for s in strategies(node, graph) if _usable(s, node, kinds)]
+            compute = [prices.compute_seconds(node, s, key) for s in options]
+            nodes.append(NodeSpace(i, node, options, compute, prices.node_lower_bound(node, key),
+                                   [(r, kinds[r]) for r in node.input_refs()], key))
+        space = SearchSpace(graph, prices, nodes, last_use, param_uses=param_uses,
+                            allow_replicated_params=allow_replicated_params)
+        space.segments = _segments(space)
+        return space
+
+    def live_after(self, i: int) -> list[str]:
+        """Activations produced at or before node ``i`` and read after it."""
+        return [v for v, last in self.last_use.items()
+                if last > i and self.graph.values[v].kind == "activation" and self._produced_at(v) <= i]
+
+    def _produced_at(self, value: str) -> int:
+        return self._producer_index[value]
+
+    @property
+    def _producer_index(self) -> dict[str, int]:
+        if not hasattr(self, "_prod"):
+            self._prod = {o: i for i, n in enumerate(self.graph.nodes) for o in n.outputs}
+        return self._prod
+
+
+def _usable(s: Strategy, node: Node, kinds: dict[str, str]) -> bool:
+    """Parameters are stored Replicate or Shard: a strategy may read them in any layout, but a
+    loss (the graph output) must end Replicate or Partial."""
+    return not any(isinstance(o, Shard) and o.dim < 0 for o in s.outputs)
+
+
+def cost_key(graph: Graph, node: Node) -> tuple:
+    """Structure of a node without value names: equal keys have equal strategies and prices."""
+    slot = {r: i for i, r in enumerate(dict.fromkeys(node.input_refs()))}
+
+    def anon(a: Any) -> Any:
+        if isinstance(a, Ref):
+            return ("%", slot[a.name])
+        if isinstance(a, (list, tuple)):
+            return tuple(anon(x) for x in a)
+        return repr(a)
+
+    return (node.op, anon(node.args), tuple((k, anon(v)) for k, v in node.kwargs.items()),
+            tuple((graph.meta(r), graph.values[r].requires_grad, graph.values[r].kind) for r in slot),
+            tuple((graph.meta(o), graph.values[o].requires_grad) for o in node.outputs))
+
+
+def _segments(space: SearchSpace) -> list[Segment]:
+    graph = space.graph
+    n = len(graph.nodes)
+    producer = space._producer_index
+    # live[i]: activations live between node i and node i+1.
+    births: dict[int, list[str]] = {}
+    for v, last in space.last_use.items():
+        if graph.values[v].kind == "activation":
+            births.setdefault(producer[v], []).append(v)
+    live: set[str] = set()
+    cuts = [-1]
+    for i in range(n):
+        live.update(births.get(i, []))
+        live = {v for v in live if space.last_use[v] > i}
+        if len(live) <= 1 and i < n - 1:
+            cuts.append(i)
+    cuts.append(n - 1)
+    segments = []
+    for a, b in zip(cuts, cuts[1:]):
+        start, stop = a + 1, b + 1
+        if start >= stop:
+            continue
+        entry = _single_live(space, a) if a >= 0 else None
+        exit_ = _single_live(space, b) if b < n - 1 else None
+        seg = Segment(start, stop, entry, exit_)
+        seg.signature = _segment_signature(space, seg)
+        segments.append(seg)
+    return segments
+
+
+def _single_live(space: SearchSpace, i: int) -> str | None:
+    live = [v for v, last in space.last_use.items()
+            if space.graph.values[v].kind == "activation" and space._producer_index[v] <= i < last]
+    return live[0] if live else None
+
+
+def _segment_signature(space: SearchSpace, seg: Segment) -> str:
+    """A hash of the segment's structure with values named by position, not by name."""
+    graph = space.graph
+    local: dict[str, tuple] = {}
+    if seg.entry:
+        local[seg.entry] = ("entry",)
+    parts = []
+    for i in range(seg.start, seg.stop):
+        ns = space.nodes[i]
+        ins = []
+        for r, kind in ns.inputs:
+            if r in local:
+                ins.append(local[r])
+            elif kind == PARAM:
+                ins.append(("param", space.param_uses.get(r, 1) > 1))
+            else:
+                ins.append((kind,))
+        for k, o in enumerate(ns.node.outputs):
+            local[o] = ("node", i - seg.start, k)
+        parts.append((ns.signature, tuple(ins)))
+    parts.append(("exit", local.get(seg.exit) if seg.exit else None))
+    parts.append(("loss", local.get(graph.output)))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:20]
+
+
+def layout_order(layout: Layout) -> tuple:
+    """A total order on layouts, for deterministic state keys."""
+    if isinstance(layout, Replicate):
+        return (0, 0)
+    if isinstance(layout, Shard):
+        return (1, layout.dim)
+    assert isinstance(layout, Partial)
+    return (2, 0)
