@@ -238,12 +238,30 @@ def _mark_requires_grad(graph: Graph) -> None:
 def _annotate_costs(graph: Graph, ep: torch.export.ExportedProgram) -> None:
     cache: dict[tuple, Cost] = {}
     for node in graph.nodes:
-        key = (node.op, repr(node.args), repr(node.kwargs),
-               tuple((graph.meta(r), graph.values[r].requires_grad) for r in node.input_refs()))
+        key = _cost_key(graph, node)
         if key not in cache:
             cache[key] = _node_cost(graph, node)
         c = cache[key]
         node.cost = Cost(c.fwd_flops, c.bwd_flops, c.fwd_bytes, c.bwd_bytes)
+
+
+def _cost_key(graph: Graph, node: Node) -> tuple:
+    """Same op, constants and input metas give the same cost, so repeated layers are counted once.
+
+    Value names are replaced by their first-use slot: the names differ in every layer, and
+    ``mul(x, x)`` must stay apart from ``mul(x, y)`` (it reads fewer bytes).
+    """
+    slot = {r: i for i, r in enumerate(dict.fromkeys(node.input_refs()))}
+
+    def anon(a: Any) -> Any:
+        if isinstance(a, Ref):
+            return ("%", slot[a.name])
+        if isinstance(a, (list, tuple)):
+            return tuple(anon(x) for x in a)
+        return repr(a)
+
+    return (node.op, anon(node.args), tuple((k, anon(v)) for k, v in node.kwargs.items()),
+            tuple((graph.meta(r), graph.values[r].requires_grad) for r in slot))
 
 
 def _node_cost(graph: Graph, node: Node) -> Cost:
