@@ -181,6 +181,13 @@ def _lift(ep: torch.export.ExportedProgram) -> Graph:
     if values[output].meta.numel != 1:
         raise UserError(f"forward must return a scalar loss, got a tensor of shape "
                         f"{list(values[output].meta.shape)}")
+    # torch.export lists every name of a tied parameter but reads only one; drop the others
+    # so that memory is not counted twice and every listed parameter has a gradient.
+    used = {r for n in nodes for r in n.input_refs()}
+    for name in [p for p in params + buffers if p not in used]:
+        del values[name]
+    params = [p for p in params if p in used]
+    buffers = [b for b in buffers if b in used]
     return Graph(values, nodes, inputs, params, buffers, output)
 
 
