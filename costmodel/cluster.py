@@ -1,0 +1,229 @@
+"""The cluster: devices in a fixed order, the machines (nodes) that hold them, and the links.
+
+Everything here is in base units (flops per second, bytes, bytes per second, seconds):
+conversion from the file's units (TFLOPS, GB, GB/s, Gb/s, microseconds) happens once, in
+:mod:`costmodel.cluster_file`. Devices are numbered node by node and, inside a node, device
+group by device group, exactly as the file lists them; rank ``i`` of an emitted program runs
+on ``cluster.devices[i]``.
+
+Memory sizes in GB are 10^9 bytes. Cards sold as "80GB" hold 80 GiB (about 86 * 10^9
+bytes); reading the label as 10^9 leaves the difference for the CUDA context, NCCL buffers
+and allocator fragmentation, which is the headroom a plan needs anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from costmodel.catalog import DTYPES
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link between two ranks: bandwidth per direction and latency per message."""
+
+    name: str
+    bandwidth_Bps: float
+    latency_seconds: float
+
+    def seconds(self, nbytes: float) -> float:
+        """Alpha-beta time of one message of ``nbytes`` over this link."""
+        return self.latency_seconds + nbytes / self.bandwidth_Bps
+
+    def __repr__(self) -> str:
+        return f"{self.name}({self.bandwidth_Bps / 1e9:g} GB/s, {self.latency_seconds * 1e6:g} us)"
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator (or CPU process): its rank, node and published capabilities."""
+
+    index: int
+    node: int
+    type: str
+    peak_flops: Mapping[str, float]     # dtype ("fp32", "tf32", "bf16", "fp16") -> flop/s
+    memory_bytes: int
+    hbm_bandwidth_Bps: float
+
+    def flops(self, dtype: str) -> float:
+        return self.peak_flops[dtype]
+
+    def __repr__(self) -> str:
+        return (f"Device({self.index}: {self.type} on node {self.node}, "
+                f"{self.peak_flops['fp32'] / 1e12:g} TFLOPS fp32, {self.memory_bytes / 1e9:g} GB)")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One machine of the cluster: the ranks it holds and the link between them."""
+
+    index: int
+    devices: tuple[int, ...]
+    intra_link: Link | None     # None only for a single-device node
+
+
+@dataclass
+class Cluster:
+    """A heterogeneous cluster as the cost model sees it.
+
+    ``efficiency`` holds one fraction-of-peak per op class (see :mod:`costmodel.opclass`);
+    ``allow_tf32`` lets fp32 products use the TF32 peak (PyTorch's default is off for
+    matmuls, so the default here is off too); ``launch_latency_seconds`` is the fixed cost
+    of one kernel launch.
+    """
+
+    devices: list[Device]
+    nodes: list[Host]
+    network: Link | None
+    efficiency: dict[str, float]
+    name: str = ""
+    allow_tf32: bool = False
+    launch_latency_seconds: float = 5e-6
+    source: str = field(default="", compare=False)
+
+    # ---- structure -------------------------------------------------------------------------
+    @property
+    def world(self) -> int:
+        return len(self.devices)
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    def node_of(self, rank: int) -> int:
+        return self.devices[rank].node
+
+    def ranks_by_node(self, ranks: Iterable[int] | None = None) -> list[list[int]]:
+        """The given ranks (default: all) grouped by node, nodes in order, empty groups dropped."""
+        chosen = set(range(self.world) if ranks is None else ranks)
+        groups = [[r for r in host.devices if r in chosen] for host in self.nodes]
+        return [g for g in groups if g]
+
+    def link(self, a: int, b: int) -> Link | None:
+        """The link a message from rank ``a`` to rank ``b`` crosses (None when a == b)."""
+        if a == b:
+            return None
+        na, nb = self.node_of(a), self.node_of(b)
+        return self.nodes[na].intra_link if na == nb else self.network
+
+    def group_link(self, ranks: Iterable[int] | None = None) -> Link | None:
+        """The slowest link inside a group: a collective over the group runs at its pace.
+
+        Bandwidth is the smallest and latency the largest over the links the group uses
+        (intra-node links of nodes holding two or more members, the network if it spans
+        nodes). None for a group of one rank.
+        """
+        groups = self.ranks_by_node(ranks)
+        links = [self.nodes[self.node_of(g[0])].intra_link for g in groups if len(g) > 1]
+        if len(groups) > 1:
+            links.append(self.network)
+        links = [lk for lk in links if lk is not None]
+        if not links:
+            return None
+        slow = min(links, key=lambda lk: lk.bandwidth_Bps)
+        latency = max(lk.latency_seconds for lk in links)
+        if latency == slow.latency_seconds:
+            return slow
+        return Link(slow.name, slow.bandwidth_Bps, latency)
+
+    # ---- capabilities ----------------------------------------------------------------------
+    def peak_flops(self, rank: int, dtype: str = "fp32") -> float:
+        return self.devices[rank].flops(dtype)
+
+    def effective_flops(self, rank: int, op_class: str = "matmul", dtype: str = "fp32") -> float:
+        """Peak times the class efficiency: what a well-fed op of that class gets per second."""
+        return self.devices[rank].flops(dtype) * self.efficiency[op_class]
+
+    def memory_bytes(self) -> list[int]:
+        return [d.memory_bytes for d in self.devices]
+
+    @property
+    def is_homogeneous(self) -> bool:
+        first = self.devices[0]
+        return all((d.peak_flops, d.memory_bytes, d.hbm_bandwidth_Bps) ==
+                   (first.peak_flops, first.memory_bytes, first.hbm_bandwidth_Bps) for d in self.devices)
+
+    def flops_shares(self, dtype: str = "fp32") -> tuple[float, ...]:
+        """Per-device shares proportional to peak FLOPS (the FLOPs-proportional baseline)."""
+        peaks = [d.flops(dtype) for d in self.devices]
+        total = sum(peaks)
+        return tuple(p / total for p in peaks)
+
+    # ---- presentation ----------------------------------------------------------------------
+    def describe(self) -> str:
+        """Compact composition: ``"2x(8x V100-32GB) + 6x(8x P100-16GB)"``."""
+        parts: list[tuple[str, int]] = []
+        for host in self.nodes:
+            counts: list[tuple[str, int]] = []
+            for r in host.devices:
+                t = self.devices[r].type
+                if counts and counts[-1][0] == t:
+                    counts[-1] = (t, counts[-1][1] + 1)
+                else:
+                    counts.append((t, 1))
+            shape = " + ".join(f"{n}x {t}" for t, n in counts)
+            if parts and parts[-1][0] == shape:
+                parts[-1] = (shape, parts[-1][1] + 1)
+            else:
+                parts.append((shape, 1))
+        return " + ".join(s if n == 1 else f"{n}x({s})" for s, n in parts)
+
+    def __repr__(self) -> str:
+        name = f"{self.name!r}, " if self.name else ""
+        total_tflops = sum(d.flops("fp32") for d in self.devices) / 1e12
+        net = f", network {self.network!r}" if self.network and len(self.nodes) > 1 else ""
+        return (f"Cluster({name}{self.world} devices on {len(self.nodes)} node(s): {self.describe()}; "
+                f"{total_tflops:g} TFLOPS fp32{net})")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The cluster-file form, in base units, such that ``load_cluster(c.to_dict()) == c``."""
+        nodes: list[dict[str, Any]] = []
+        for host in self.nodes:
+            groups: list[dict[str, Any]] = []
+            for r in host.devices:
+                d = _device_dict(self.devices[r])
+                if groups and {k: v for k, v in groups[-1].items() if k != "count"} == d:
+                    groups[-1]["count"] += 1
+                else:
+                    groups.append({**d, "count": 1})
+            entry: dict[str, Any] = {"count": 1, "devices": groups}
+            if host.intra_link is not None:
+                entry["intra_link"] = _link_dict(host.intra_link)
+            if nodes and {k: v for k, v in nodes[-1].items() if k != "count"} == \
+                    {k: v for k, v in entry.items() if k != "count"}:
+                nodes[-1]["count"] += 1
+            else:
+                nodes.append(entry)
+        out: dict[str, Any] = {"name": self.name, "nodes": nodes}
+        if self.network is not None:
+            out["network"] = _link_dict(self.network)
+        out["efficiency"] = dict(self.efficiency)
+        out["allow_tf32"] = self.allow_tf32
+        out["launch_latency_s"] = self.launch_latency_seconds
+        return out
+
+
+def _device_dict(d: Device) -> dict[str, Any]:
+    return {"name": d.type, "peak_flops": {k: d.peak_flops[k] for k in DTYPES},
+            "memory_bytes": d.memory_bytes, "hbm_Bps": d.hbm_bandwidth_Bps}
+
+
+def _link_dict(link: Link) -> dict[str, Any]:
+    return {"name": link.name, "bandwidth_Bps": link.bandwidth_Bps, "latency_s": link.latency_seconds}
+
+
+def load_cluster(source: str | Path | Mapping[str, Any] | Cluster) -> Cluster:
+    """A :class:`Cluster` from a cluster file path, a dict in the file's form, or a Cluster.
+
+    Every problem raises :class:`hapc.errors.UserError` with one line naming the file, the
+    field path and what was expected.
+    """
+    from costmodel.cluster_file import parse_cluster, read_cluster_file
+
+    if isinstance(source, Cluster):
+        return source
+    if isinstance(source, Mapping):
+        return parse_cluster(source, "<cluster dict>")
+    return read_cluster_file(source)

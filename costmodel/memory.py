@@ -1,0 +1,173 @@
+"""Memory per device for a distributed program: what must fit for a plan to be a plan.
+
+Five parts, each from the program's layouts and shares (a ``Shard`` value costs a rank only
+its own piece, a ``Replicate`` or ``Partial`` value its full size):
+
+* **parameters** (and buffers) as stored, per ``source_layouts``;
+* **gradients**, one per trainable parameter, the size of its local piece (the gradient of a
+  ``Replicate`` parameter is a full-size ``Partial``, of a ``Shard`` one a piece);
+* **optimizer state**, copies of each trainable parameter's local piece: AdamW/Adam keep
+  two (first and second moments), SGD none, SGD with momentum one;
+* **activations kept for backward**: the user inputs plus every node output and every
+  redistributed copy that needs a gradient, at its local size. Views are skipped (they
+  share their input's storage). This is the usual simple estimate: autograd saves inputs of
+  most differentiable ops and these are mostly the outputs of the previous op; it ignores
+  masks and statistics saved beside them (small) and values freed early (a slight over-count);
+* **communication buffers**: the largest buffer a collective allocates on the rank (the
+  gathered tensor, or the padded one for a padded all-gather).
+
+The total adds all five, as if every part were alive at once. In a real step the
+gradients grow while the activations are freed during backward, so the true peak is a
+little lower: the estimate errs on the safe side, as a capacity check should.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from costmodel.cluster import Cluster
+from costmodel.opclass import op_class
+from costmodel.transfers import forward_move, local_bytes
+from hapc.ir.layout import Replicate, Shard
+from hapc.ir.program import Compute, DistProgram, Redistribute
+
+OPTIMIZER_COPIES = {"adamw": 2, "adam": 2, "sgd": 0, "sgd_momentum": 1, "momentum": 1, "adagrad": 1,
+                    "rmsprop": 1, "none": 0}
+
+PARTS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "comm_buffer_bytes")
+
+
+@dataclass
+class DeviceMemory:
+    """One device's predicted bytes, by part."""
+
+    params_bytes: float = 0.0
+    grads_bytes: float = 0.0
+    optimizer_bytes: float = 0.0
+    activations_bytes: float = 0.0
+    comm_buffer_bytes: float = 0.0
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(getattr(self, p) for p in PARTS)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{p.removesuffix('_bytes')} {getattr(self, p) / 1e9:.3g}" for p in PARTS)
+        return f"DeviceMemory({self.total_bytes / 1e9:.3g} GB: {parts})"
+
+
+@dataclass
+class MemoryReport:
+    """Per-device memory of a program, in cluster order, with capacities when a cluster is given."""
+
+    devices: list[DeviceMemory]
+    capacity_bytes: list[int] | None = None
+    optimizer: str = "adamw"
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def totals(self) -> list[float]:
+        return [d.total_bytes for d in self.devices]
+
+    @property
+    def fits(self) -> list[bool]:
+        if self.capacity_bytes is None:
+            return [True] * len(self.devices)
+        return [t <= c for t, c in zip(self.totals, self.capacity_bytes)]
+
+    @property
+    def all_fit(self) -> bool:
+        return all(self.fits)
+
+    def missing_bytes(self) -> list[float]:
+        """How much more memory each device would need (0 where it fits)."""
+        if self.capacity_bytes is None:
+            return [0.0] * len(self.devices)
+        return [max(0.0, t - c) for t, c in zip(self.totals, self.capacity_bytes)]
+
+    def table(self) -> str:
+        head = f"{'rank':>4} {'device':<12} {'params':>8} {'grads':>8} {'optim':>8} {'activ':>8} " \
+               f"{'comm':>8} {'total':>8} {'capacity':>8}  (GB)"
+        rows = [head]
+        for r, d in enumerate(self.devices):
+            cap = f"{self.capacity_bytes[r] / 1e9:8.2f}" if self.capacity_bytes else f"{'-':>8}"
+            flag = "" if self.fits[r] else f"  short by {self.missing_bytes()[r] / 1e9:.2f} GB"
+            name = self.names[r] if r < len(self.names) else ""
+            rows.append(f"{r:>4} {name:<12} " + " ".join(f"{getattr(d, p) / 1e9:8.3f}" for p in PARTS)
+                        + f" {d.total_bytes / 1e9:8.3f} {cap}{flag}")
+        return "\n".join(rows)
+
+    def __repr__(self) -> str:
+        peak = max(self.totals) if self.devices else 0.0
+        fit = "fits" if self.all_fit else f"does not fit on {self.fits.count(False)} device(s)"
+        return f"MemoryReport({len(self.devices)} devices, peak {peak / 1e9:.3g} GB, {fit})"
+
+
+def optimizer_copies(optimizer: str | int) -> int:
+    """Extra copies of each trainable parameter the optimizer keeps."""
+    if isinstance(optimizer, int):
+        return optimizer
+    key = optimizer.lower().replace("-", "_")
+    if key not in OPTIMIZER_COPIES:
+        raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {', '.join(OPTIMIZER_COPIES)} "
+                         "or a number of state copies")
+    return OPTIMIZER_COPIES[key]
+
+
+def program_memory(program: DistProgram, cluster: Cluster | None = None,
+                   optimizer: str | int = "adamw") -> MemoryReport:
+    """Predicted bytes per device of ``program`` (see the module docstring for each part)."""
+    world = program.world
+    graph = program.graph
+    copies = optimizer_copies(optimizer)
+    mem = [DeviceMemory() for _ in range(world)]
+
+    def add(part: str, amounts: Sequence[float]) -> None:
+        for r in range(world):
+            setattr(mem[r], part, getattr(mem[r], part) + amounts[r])
+
+    for name in graph.params + graph.buffers:
+        layout = program.source_layouts.get(name, Replicate())
+        piece = local_bytes(program, name, layout)
+        add("params_bytes", piece)
+        if graph.values[name].requires_grad:
+            add("grads_bytes", piece)
+            add("optimizer_bytes", [copies * x for x in piece])
+    for name in graph.inputs:
+        add("activations_bytes", local_bytes(program, name, program.source_layouts.get(name, Replicate())))
+
+    nodes = {n.name: n for n in graph.nodes}
+    for step in program.steps:
+        if isinstance(step, Compute):
+            node = nodes[step.node]
+            if op_class(node.op) == "view":
+                continue
+            for out, layout in zip(node.outputs, step.strategy.outputs):
+                if graph.values[out].requires_grad:
+                    add("activations_bytes", local_bytes(program, out, layout))
+        elif isinstance(step, Redistribute):
+            _add_redistribute(program, step, mem)
+
+    capacity = cluster.memory_bytes() if cluster is not None else None
+    names = [d.type for d in cluster.devices] if cluster is not None else []
+    label = optimizer if isinstance(optimizer, str) else f"{optimizer} copies"
+    return MemoryReport(mem, capacity, label, names)
+
+
+def _add_redistribute(program: DistProgram, step: Redistribute, mem: list[DeviceMemory]) -> None:
+    move = forward_move(program, step)
+    if move is None:
+        return       # nothing moves; a slice is a view of a value already counted
+    out = local_bytes(program, step.out, step.dst_layout)
+    if program.graph.values[step.src.split("@", 1)[0]].requires_grad:
+        for r, m in enumerate(mem):
+            m.activations_bytes += out[r]
+    if move.kind == "local":
+        return
+    buffer = list(out)
+    if move.kind == "all_gather" and isinstance(step.src_layout, Shard):
+        padded = max(move.piece_bytes) * program.world     # NCCL wants equal pieces
+        buffer = [max(b, padded) for b in buffer]
+    for r, m in enumerate(mem):
+        m.comm_buffer_bytes = max(m.comm_buffer_bytes, buffer[r])

@@ -1,0 +1,339 @@
+"""The simulator: a distributed program on a cluster -> time per iteration, per device.
+
+The model is bulk-synchronous, as an SPMD program with blocking collectives is:
+
+1. **Forward**, step by step. A ``Compute`` costs each rank the roofline time of its share
+   of the node (:func:`costmodel.compute.node_seconds`); a ``Redistribute`` that needs a
+   collective is a synchronisation point: every rank waits for the slowest (idle time),
+   then all spend the collective's time (communication). Local moves cost memory traffic.
+2. **Backward**, the steps in reverse: each ``Compute``'s backward roofline and, for each
+   ``Redistribute`` of a value that needs a gradient, the dual collective
+   (:mod:`costmodel.transfers`).
+3. **Gradient synchronisation** of every trainable ``Replicate`` parameter (its gradient is
+   ``Partial``): an all-reduce that overlaps with backward compute. A gradient is complete
+   once the backward of the parameter's *first* forward use has run; gradients are packed
+   into buckets (``bucket_bytes``, 25 MiB like DDP) in the order they complete, and a
+   bucket's all-reduce starts when its last gradient is complete on every rank and the
+   network is free. All collectives share one network channel, so a backward collective
+   also waits for gradient all-reduces in flight.
+4. **Optimizer step** on each rank's local parameters once all gradients are synchronised:
+   memory-bound (AdamW reads parameter, gradient and two moments and writes three).
+
+Per rank, compute + communication + idle = the iteration time. A Redistribute's method
+``"auto"`` picks the cheapest collective variant (:func:`costmodel.collectives.best_variant`).
+
+Per-rank work of a ``Compute``: the fraction of the op a rank holds is its local length over
+the global length of the strategy's sharded dimension (all sharded dimensions of one
+strategy are split alike); strategies with no ``Shard`` (all ``Replicate``, or ``Partial``
+only) do the full work on every rank. Collectives that local ops perform internally (the
+scalar sums of a vocabulary-parallel cross-entropy) are not priced: they are a few bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from costmodel.cluster import Cluster, load_cluster
+from costmodel.collectives import best_variant, collective_seconds, resolve_variant
+from costmodel.compute import ComputeTime, lower_bound_seconds, node_seconds
+from costmodel.memory import PARTS, MemoryReport, optimizer_copies, program_memory
+from costmodel.transfers import Move, backward_move, forward_move, local_bytes
+from hapc.errors import UserError
+from hapc.ir.layout import Replicate, Shard
+from hapc.ir.program import Compute, DistProgram, Redistribute
+
+DEFAULT_BUCKET_BYTES = 25 * 2**20
+
+
+@dataclass(frozen=True)
+class Event:
+    """One priced step, for explanations: when it ran (slowest rank) and what it was."""
+
+    phase: str             # "fwd", "bwd", "grad_sync" or "optimizer"
+    label: str             # node name, or "value: S(0) -> R"
+    kind: str              # the aten op, a collective kind, or "local"
+    variant: str
+    start_seconds: float
+    end_seconds: float
+
+
+@dataclass
+class SimResult:
+    """Predicted time per iteration of a program on a cluster, and where each device spends it."""
+
+    cluster: Cluster
+    shares: tuple[float, ...]
+    iteration_seconds: float
+    compute_seconds: list[float]
+    comm_seconds: list[float]
+    idle_seconds: list[float]
+    forward_seconds: float
+    backward_seconds: float
+    grad_sync_seconds: float            # total duration of the gradient all-reduces
+    exposed_grad_sync_seconds: float    # the part after the last backward compute
+    lower_bound_seconds: float
+    memory: MemoryReport
+    events: list[Event] = field(default_factory=list, repr=False)
+
+    @property
+    def peak_memory_bytes(self) -> list[float]:
+        return self.memory.totals
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.all_fit
+
+    @property
+    def gap(self) -> float:
+        """Iteration time over the lower bound (1.0 would be perfect)."""
+        return self.iteration_seconds / self.lower_bound_seconds if self.lower_bound_seconds > 0 else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain numbers for plan.json and reports (seconds and bytes, cluster order)."""
+        return {
+            "iteration_seconds": self.iteration_seconds, "lower_bound_seconds": self.lower_bound_seconds,
+            "forward_seconds": self.forward_seconds, "backward_seconds": self.backward_seconds,
+            "grad_sync_seconds": self.grad_sync_seconds,
+            "exposed_grad_sync_seconds": self.exposed_grad_sync_seconds,
+            "compute_seconds": list(self.compute_seconds), "comm_seconds": list(self.comm_seconds),
+            "idle_seconds": list(self.idle_seconds), "peak_memory_bytes": list(self.peak_memory_bytes),
+            "memory": [{p: getattr(d, p) for p in PARTS} for d in self.memory.devices],
+            "fits": self.memory.fits,
+        }
+
+    def table(self) -> str:
+        ms = 1e3
+        lines = [
+            (f"time per iteration {self.iteration_seconds * ms:.3f} ms  (forward {self.forward_seconds * ms:.3f}, "
+             f"backward {self.backward_seconds * ms:.3f}; lower bound {self.lower_bound_seconds * ms:.3f} ms, "
+             f"{self.gap:.2f}x)"),
+            (f"gradient all-reduce {self.grad_sync_seconds * ms:.3f} ms, "
+             f"{self.exposed_grad_sync_seconds * ms:.3f} ms of it not hidden by backward"),
+            (f"{'rank':>4} {'node':>4} {'device':<12} {'share':>6} {'compute ms':>11} {'comm ms':>9} "
+             f"{'idle ms':>9} {'memory GB':>10} {'of GB':>7}"),
+        ]
+        for r, dev in enumerate(self.cluster.devices):
+            fit = "" if self.memory.fits[r] else "  (does not fit)"
+            lines.append(
+                f"{r:>4} {dev.node:>4} {dev.type:<12} {self.shares[r]:6.3f} {self.compute_seconds[r] * ms:11.3f} "
+                f"{self.comm_seconds[r] * ms:9.3f} {self.idle_seconds[r] * ms:9.3f} "
+                f"{self.peak_memory_bytes[r] / 1e9:10.3f} {dev.memory_bytes / 1e9:7.1f}{fit}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        fit = "fits" if self.fits else "DOES NOT FIT"
+        return (f"SimResult({self.iteration_seconds * 1e3:.3f} ms/iteration on {self.cluster.world} devices, "
+                f"lower bound {self.lower_bound_seconds * 1e3:.3f} ms ({self.gap:.2f}x), "
+                f"peak memory {max(self.peak_memory_bytes) / 1e9:.3g} GB, {fit})")
+
+
+class _Clock:
+    """Per-rank timelines plus the one network channel shared by all collectives."""
+
+    def __init__(self, world: int) -> None:
+        self.t = [0.0] * world
+        self.compute = [0.0] * world
+        self.comm = [0.0] * world
+        self.idle = [0.0] * world
+        self.channel_free = 0.0
+        self.events: list[Event] = []
+
+    def work(self, seconds: list[float], phase: str, label: str, kind: str) -> None:
+        start = max(self.t)
+        for r, s in enumerate(seconds):
+            self.t[r] += s
+            self.compute[r] += s
+        self.events.append(Event(phase, label, kind, "", start, max(self.t)))
+
+    def collective(self, seconds: float, phase: str, label: str, kind: str, variant: str) -> None:
+        """A blocking collective: wait for every rank (idle) and the channel (comm), then run."""
+        arrive = max(self.t)
+        start = max(arrive, self.channel_free)
+        for r in range(len(self.t)):
+            self.idle[r] += arrive - self.t[r]
+            self.comm[r] += start - arrive + seconds
+            self.t[r] = start + seconds
+        self.channel_free = start + seconds
+        self.events.append(Event(phase, label, kind, variant, start, start + seconds))
+
+
+def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *,
+             optimizer: str | int = "adamw", bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> SimResult:
+    """Time per iteration, per-device compute/communication/idle, memory and the lower bound.
+
+    ``cluster`` may be a :class:`Cluster`, a cluster file path or a dict in the file's form.
+    A program built for another number of devices is the user's mistake (``hapc simulate
+    PLAN.json --cluster OTHER.yaml``): a one-line :class:`UserError`.
+    """
+    cluster = load_cluster(cluster)
+    if program.world != cluster.world:
+        raise UserError(f"the plan runs on {program.world} devices but the cluster "
+                        f"{cluster.name or cluster.source or ''} has {cluster.world}; plan for this cluster again")
+    graph = program.graph
+    nodes = {n.name: n for n in graph.nodes}
+    world = program.world
+    clock = _Clock(world)
+    cache: dict[tuple, ComputeTime] = {}
+    backward_times: dict[int, list[float]] = {}
+
+    def times(step: Compute) -> list[ComputeTime]:
+        node = nodes[step.node]
+        out = []
+        for r, frac in enumerate(_fractions(program, step, node.outputs)):
+            dev = cluster.devices[r]
+            key = (step.node, frac, tuple(dev.peak_flops.values()), dev.hbm_bandwidth_Bps)
+            if key not in cache:
+                cache[key] = node_seconds(node, graph, dev, cluster, frac)
+            out.append(cache[key])
+        return out
+
+    # 1. forward
+    for i, step in enumerate(program.steps):
+        if isinstance(step, Compute):
+            ts = times(step)
+            backward_times[i] = [t.bwd_seconds for t in ts]
+            clock.work([t.fwd_seconds for t in ts], "fwd", step.node, nodes[step.node].op)
+        else:
+            _run_move(clock, cluster, forward_move(program, step), step, "fwd")
+    forward_end = max(clock.t)
+
+    # 2-3. backward, with gradient all-reduces of Replicate parameters as they complete
+    ready_at = _gradient_ready_steps(program)
+    bucket: list[str] = []
+    bucket_size = 0.0
+    sync_total = 0.0
+
+    def flush() -> None:
+        nonlocal bucket, bucket_size, sync_total
+        if not bucket:
+            return
+        variant, seconds = best_variant("all_reduce", [bucket_size] * world, cluster)
+        start = max(max(clock.t), clock.channel_free)
+        clock.channel_free = start + seconds
+        sync_total += seconds
+        label = bucket[0] if len(bucket) == 1 else f"{bucket[0]} .. {bucket[-1]} ({len(bucket)} grads)"
+        clock.events.append(Event("grad_sync", label, "all_reduce", variant, start, start + seconds))
+        bucket, bucket_size = [], 0.0
+
+    for i in range(len(program.steps) - 1, -1, -1):
+        step = program.steps[i]
+        if isinstance(step, Compute):
+            clock.work(backward_times[i], "bwd", step.node, nodes[step.node].op)
+        else:
+            _run_move(clock, cluster, backward_move(program, step), step, "bwd")
+        for param in ready_at.get(i, []):
+            bucket.append(param)
+            bucket_size += local_bytes(program, param, Replicate())[0]
+            if bucket_size >= bucket_bytes:
+                flush()
+    flush()
+    backward_end = max(clock.t)
+
+    # Wait for the last gradient all-reduce: covered time is communication, gaps are idle.
+    sync_events = [e for e in clock.events if e.phase == "grad_sync"]
+    end = max([clock.channel_free, *clock.t]) if sync_events else max(clock.t)
+    for r in range(world):
+        if clock.t[r] < end and sync_events:
+            covered = sum(max(0.0, min(e.end_seconds, end) - max(e.start_seconds, clock.t[r])) for e in sync_events)
+            clock.comm[r] += covered
+            clock.idle[r] += end - clock.t[r] - covered
+            clock.t[r] = end
+    exposed = max(0.0, end - backward_end) if sync_events else 0.0
+
+    # 4. optimizer step
+    clock.work(_optimizer_seconds(program, cluster, optimizer), "optimizer", "optimizer step", "elementwise")
+
+    iteration = max(clock.t)
+    for r in range(world):
+        clock.idle[r] += iteration - clock.t[r]
+    return SimResult(
+        cluster=cluster, shares=tuple(program.shares), iteration_seconds=iteration,
+        compute_seconds=clock.compute, comm_seconds=clock.comm, idle_seconds=clock.idle,
+        forward_seconds=forward_end, backward_seconds=backward_end - forward_end,
+        grad_sync_seconds=sync_total, exposed_grad_sync_seconds=exposed,
+        lower_bound_seconds=lower_bound_seconds(graph, cluster),
+        memory=program_memory(program, cluster, optimizer), events=clock.events)
+
+
+def _fractions(program: DistProgram, step: Compute, outputs: tuple[str, ...]) -> list[float]:
+    """Each rank's share of a Compute's work: local over global length of its sharded dimension."""
+    pairs = list(zip(step.inputs, step.strategy.inputs)) + list(zip(outputs, step.strategy.outputs))
+    for name, layout in pairs:
+        if isinstance(layout, Shard):
+            d = program._dim(name, layout.dim)
+            length = program.shape(name)[d]
+            if length > 0:
+                return [n / length for n in program.lengths(name, d)]
+    return [1.0] * program.world
+
+
+def _run_move(clock: _Clock, cluster: Cluster, move: Move | None, step: Redistribute, phase: str) -> None:
+    if move is None:
+        return
+    label = f"{step.src}: {step.src_layout!r} -> {step.dst_layout!r}"
+    if move.kind == "local":
+        hbm = [d.hbm_bandwidth_Bps * cluster.efficiency["hbm"] for d in cluster.devices]
+        clock.work([b / bw for b, bw in zip(move.piece_bytes, hbm)], phase, label, "local")
+        return
+    matrix = move.send_matrix
+    if step.method == "auto":
+        variant, seconds = best_variant(move.kind, move.piece_bytes, cluster, send_matrix=matrix)
+    else:
+        try:
+            variant = resolve_variant(move.kind, step.method)
+        except ValueError:
+            if phase == "fwd":
+                raise
+            # The dual of a named variant may not exist under that name (an all-reduce has no
+            # "grouped" form): let the backward use its cheapest.
+            variant, seconds = best_variant(move.kind, move.piece_bytes, cluster, send_matrix=matrix)
+        else:
+            seconds = collective_seconds(move.kind, move.piece_bytes, cluster, None, variant, send_matrix=matrix)
+    clock.collective(seconds, phase, label, move.kind, variant)
+
+
+def _gradient_ready_steps(program: DistProgram) -> dict[int, list[str]]:
+    """Trainable Replicate parameters, keyed by the index of the step of their first use.
+
+    In backward (steps reversed) that step runs last among the parameter's uses, so the
+    gradient is complete right after it. Unused parameters get no all-reduce.
+    """
+    graph = program.graph
+    wanted = {p for p in graph.params if graph.values[p].requires_grad
+              and isinstance(program.source_layouts.get(p, Replicate()), Replicate)}
+    if program.world <= 1:
+        return {}
+    first: dict[str, int] = {}
+    for i, step in enumerate(program.steps):
+        reads = step.inputs if isinstance(step, Compute) else (step.src,)
+        for name in reads:
+            if name in wanted and name not in first:
+                first[name] = i
+    out: dict[int, list[str]] = {}
+    for p in graph.params:          # parameter order, for a deterministic bucket order
+        if p in first:
+            out.setdefault(first[p], []).append(p)
+    return out
+
+
+def _optimizer_seconds(program: DistProgram, cluster: Cluster, optimizer: str | int) -> list[float]:
+    """Memory-bound update of each rank's local trainable parameters.
+
+    Per element it reads the parameter, its gradient and each state copy, and writes the
+    parameter and each state copy: ``3 + 2 * copies`` accesses (7 for AdamW).
+    """
+    accesses = 3 + 2 * optimizer_copies(optimizer)
+    graph = program.graph
+    local = [0.0] * program.world
+    for p in graph.params:
+        if graph.values[p].requires_grad:
+            for r, b in enumerate(local_bytes(program, p, program.source_layouts.get(p, Replicate()))):
+                local[r] += b
+    out = []
+    for r, dev in enumerate(cluster.devices):
+        nbytes = local[r] * accesses
+        bw = dev.hbm_bandwidth_Bps * cluster.efficiency["hbm"]
+        out.append(nbytes / bw + (cluster.launch_latency_seconds if nbytes > 0 else 0.0))
+    return out

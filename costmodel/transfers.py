@@ -1,0 +1,126 @@
+"""What a layout change moves: the collective behind each Redistribute, and its autograd dual.
+
+A :class:`hapc.ir.program.Redistribute` names only the source and destination layouts; this
+module turns it into a priced call (kind and per-rank piece bytes) for the forward pass and
+for the backward pass, where autograd runs the dual collective:
+
+=================  ==================  =================================================
+forward            collective          backward (dual)
+=================  ==================  =================================================
+S(i) -> R          all_gather          reduce_scatter to S(i)
+P -> R             all_reduce          all_reduce
+P -> S(j)          reduce_scatter      all_gather
+S(i) -> S(j)       all_to_all          all_to_all back
+R -> S(j)          local slice (free)  local zero-padding to full size (S -> P)
+S(i) -> P          local zero-padding  local slice (free)
+R -> P             local: zeros on     local: zeros on ranks > 0
+                   ranks > 0
+=================  ==================  =================================================
+
+"Local" moves cost memory traffic only: the bytes they write, priced at the device's
+memory bandwidth by the simulator. Values that need no gradient have no backward move.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hapc.ir.graph import DTYPE_BYTES, TensorMeta
+from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.program import DistProgram, Redistribute
+
+
+@dataclass(frozen=True)
+class Move:
+    """One priced transfer: a collective kind, or ``"local"`` for a copy on each rank."""
+
+    kind: str                                      # a costmodel.collectives kind, or "local"
+    piece_bytes: tuple[float, ...]                 # per rank (see collective_seconds)
+    send_matrix: tuple[tuple[float, ...], ...] | None = None
+
+
+def meta_of(program: DistProgram, name: str) -> TensorMeta:
+    """Meta of a program value; redistributed copies are named ``base@...``."""
+    return program.graph.meta(name.split("@", 1)[0])
+
+
+def requires_grad(program: DistProgram, name: str) -> bool:
+    return program.graph.values[name.split("@", 1)[0]].requires_grad
+
+
+def local_bytes(program: DistProgram, name: str, layout: Layout) -> list[float]:
+    """Bytes of each rank's local piece of ``name`` held in ``layout``."""
+    meta = meta_of(program, name)
+    full = float(meta.numel * DTYPE_BYTES.get(meta.dtype, 4))
+    if not isinstance(layout, Shard):
+        return [full] * program.world
+    d = program._dim(name, layout.dim)
+    length = meta.shape[d]
+    if length == 0:
+        return [0.0] * program.world
+    return [full * n / length for n in program.lengths(name, d)]
+
+
+def forward_move(program: DistProgram, step: Redistribute) -> Move | None:
+    """The transfer a Redistribute performs in the forward pass (None when nothing moves)."""
+    return _move(program, step.src, step.out, step.src_layout, step.dst_layout)
+
+
+def backward_move(program: DistProgram, step: Redistribute) -> Move | None:
+    """The dual transfer autograd performs for the gradient (None when nothing moves)."""
+    if not requires_grad(program, step.src):
+        return None
+    src, dst = step.src_layout, step.dst_layout
+    if src == dst:
+        return None
+    # The gradient travels from the gradient layout of dst to that of src.
+    if isinstance(src, Shard) and isinstance(dst, Replicate):
+        return Move("reduce_scatter", tuple(local_bytes(program, step.src, src)))
+    if isinstance(src, Partial) and isinstance(dst, Replicate):
+        return _move(program, step.out, step.src, Partial(), Replicate())
+    if isinstance(src, Partial) and isinstance(dst, Shard):
+        return Move("all_gather", tuple(local_bytes(program, step.out, dst)))
+    if isinstance(src, Shard) and isinstance(dst, Shard):
+        fwd = _move(program, step.src, step.out, src, dst)
+        assert fwd is not None and fwd.send_matrix is not None
+        matrix = tuple(zip(*fwd.send_matrix))
+        return Move("all_to_all", tuple(local_bytes(program, step.out, dst)), matrix)
+    if isinstance(src, Replicate) and isinstance(dst, Shard):      # slice; its dual pads (S -> P)
+        return _local(program, step.src, zero_rank=None)
+    if isinstance(src, Shard) and isinstance(dst, Partial):        # pad; its dual slices
+        return None
+    if isinstance(src, Replicate) and isinstance(dst, Partial):    # the dual is the same masking
+        return _local(program, step.src, zero_rank=0)
+    raise ValueError(f"no backward for {src} -> {dst}")
+
+
+def _move(program: DistProgram, src_name: str, out_name: str, src: Layout, dst: Layout) -> Move | None:
+    if src == dst:
+        return None
+    if isinstance(src, Shard) and isinstance(dst, Replicate):
+        return Move("all_gather", tuple(local_bytes(program, src_name, src)))
+    if isinstance(src, Partial) and isinstance(dst, Replicate):
+        return Move("all_reduce", tuple(local_bytes(program, src_name, src)))
+    if isinstance(src, Partial) and isinstance(dst, Shard):
+        return Move("reduce_scatter", tuple(local_bytes(program, out_name, dst)))
+    if isinstance(src, Shard) and isinstance(dst, Shard):
+        before = local_bytes(program, src_name, src)
+        full = float(sum(before))
+        after = local_bytes(program, out_name, dst)
+        # Rank r holds its src piece; rank s wants its dst piece: the overlap is their product.
+        matrix = tuple(tuple(0.0 if r == s or full == 0 else b * a / full for s, a in enumerate(after))
+                       for r, b in enumerate(before))
+        return Move("all_to_all", tuple(before), matrix)
+    if isinstance(src, Replicate) and isinstance(dst, Shard):
+        return None                                                # a view of the local copy
+    if isinstance(src, Shard) and isinstance(dst, Partial):
+        return _local(program, src_name, zero_rank=None)
+    if isinstance(src, Replicate) and isinstance(dst, Partial):
+        return _local(program, src_name, zero_rank=0)
+    raise ValueError(f"cannot redistribute {src} -> {dst}")
+
+
+def _local(program: DistProgram, name: str, zero_rank: int | None) -> Move:
+    """A local write of a full-size tensor (zero padding or zeros), on every rank but ``zero_rank``."""
+    full = local_bytes(program, name, Replicate())[0]
+    return Move("local", tuple(0.0 if r == zero_rank else full for r in range(program.world)))
