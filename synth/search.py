@@ -332,7 +332,7 @@ class Searcher:
                     total = g + cost
                     if total < nxt.get(exit_layouts, (math.inf,))[0] - 1e-18:
                         nxt[exit_layouts] = (total, path + sub)
-            frontier = nxt
+            frontier = self._prune_frontier(seg, nxt)
         finals = {k: v for k, v in frontier.items() if k & 0b11}     # the loss ends R or P
         if not finals:
             raise RuntimeError("no plan ends with a Replicate or Partial loss")
@@ -346,6 +346,26 @@ class Searcher:
         distinct = len({s.signature for s in self.space.segments})
         return SearchResult(choices, cost, lb, self.exact, self.expanded, len(self.space.segments),
                             distinct, time.perf_counter() - started, storage)
+
+    def _prune_frontier(self, seg: Segment, frontier: dict[int, tuple[float, list[Choice]]]):
+        """Drop boundary layouts that are dearer than converting a cheaper one into them."""
+        if not seg.exit or len(frontier) <= 1:
+            return frontier
+        vid = self._vid[seg.exit]
+        kept = {}
+        for mask, (g, path) in frontier.items():
+            dominated = False
+            for other, (g2, _) in frontier.items():
+                if other == mask or g2 > g:
+                    continue
+                extra = sum(min(self._move_seconds(vid, a, b) for a in _bits(other)) for b in _bits(mask)
+                            if not other >> b & 1)
+                if g2 + extra < g - 1e-15 or (g2 + extra <= g and other < mask):
+                    dominated = True
+                    break
+            if not dominated:
+                kept[mask] = (g, path)
+        return kept
 
     def _param_storage(self, choices: list[Choice]) -> dict[str, Layout]:
         """Each parameter is stored in the layout its first use chose."""
@@ -375,3 +395,7 @@ def to_program(space: SearchSpace, result: SearchResult, shares) -> DistProgram:
     for ns, choice in zip(space.nodes, result.choices):
         builder.compute(ns.node, ns.options[choice.option], choice.sources)
     return builder.build()
+
+
+def _bits(mask: int) -> list[int]:
+    return [c for c in range(mask.bit_length()) if mask >> c & 1]

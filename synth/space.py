@@ -62,7 +62,11 @@ class SearchSpace:
     allow_replicated_params: bool = True
 
     @staticmethod
-    def build(graph: Graph, prices: Prices, *, allow_replicated_params: bool = True) -> "SearchSpace":
+    def build(graph: Graph, prices: Prices, *, allow_replicated_params: bool = True,
+              free_layouts: tuple[Layout, ...] | None = None) -> "SearchSpace":
+        """``free_layouts`` restricts how free values (the batch) may be read, e.g. to
+        ``(Replicate(),)`` for tensor-parallel-only programs; parameters stored ``Replicate``
+        can be forbidden (memory pressure) with ``allow_replicated_params=False``."""
         kinds = {}
         for v in graph.values.values():
             kinds[v.name] = PARAM if v.kind == "param" else (ACT if v.kind == "activation" else FREE)
@@ -77,7 +81,8 @@ class SearchSpace:
         nodes = []
         for i, node in enumerate(graph.nodes):
             key = cost_key(graph, node)
-            options = [s for s in strategies(node, graph) if _usable(s, node, kinds)]
+            options = [s for s in strategies(node, graph)
+                       if _allowed(s, node, graph, kinds, free_layouts, prices.world)]
             compute = [prices.compute_seconds(node, s, key) for s in options]
             nodes.append(NodeSpace(i, node, options, compute, prices.node_lower_bound(node, key),
                                    [(r, kinds[r]) for r in node.input_refs()], key))
@@ -101,10 +106,16 @@ class SearchSpace:
         return self._prod
 
 
-def _usable(s: Strategy, node: Node, kinds: dict[str, str]) -> bool:
-    """Parameters are stored Replicate or Shard: a strategy may read them in any layout, but a
-    loss (the graph output) must end Replicate or Partial."""
-    return not any(isinstance(o, Shard) and o.dim < 0 for o in s.outputs)
+def _allowed(s: Strategy, node: Node, graph: Graph, kinds: dict[str, str],
+             free_layouts: tuple[Layout, ...] | None, world: int) -> bool:
+    """Strategies the search may use: every rank gets a non-empty piece (several ops reject
+    empty tensors), and free values are read only in ``free_layouts`` when that is set."""
+    for name, lay in list(zip(node.input_refs(), s.inputs)) + list(zip(node.outputs, s.outputs)):
+        if isinstance(lay, Shard) and graph.meta(name).shape[lay.dim] < world:
+            return False
+    if free_layouts is None:
+        return True
+    return all(lay in free_layouts for r, lay in zip(node.input_refs(), s.inputs) if kinds[r] == FREE)
 
 
 def cost_key(graph: Graph, node: Node) -> tuple:

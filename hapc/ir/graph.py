@@ -173,6 +173,33 @@ class Graph:
             "output": self.output,
         }
 
+    def to_dict(self) -> dict:
+        """Everything needed to rebuild the graph (costs and source lines included)."""
+        d = self.to_json()
+        d["costs"] = {n.name: [n.cost.fwd_flops, n.cost.bwd_flops, n.cost.fwd_bytes, n.cost.bwd_bytes]
+                      for n in self.nodes}
+        d["sources"] = {n.name: [n.source.file, n.source.line, n.source.code]
+                        for n in self.nodes if n.source is not None}
+        d["mutates"] = {n.name: n.mutates for n in self.nodes if n.mutates}
+        d["unsupported"] = self.unsupported
+        return d
+
+    @staticmethod
+    def from_dict(d: dict) -> "Graph":
+        values = {}
+        for name, shape, dtype, kind, target, rg in d["values"]:
+            values[name] = Value(name, TensorMeta(tuple(shape), dtype), kind, target, rg)
+        costs, sources, mutates = d.get("costs", {}), d.get("sources", {}), d.get("mutates", {})
+        nodes = []
+        for name, op, args, kwargs, outs in d["nodes"]:
+            src = sources.get(name)
+            nodes.append(Node(name, op, tuple(_from_jsonable(a) for a in args),
+                              {k: _from_jsonable(v) for k, v in kwargs.items()}, tuple(outs),
+                              Cost(*costs[name]) if name in costs else Cost(),
+                              SourceLoc(*src) if src else None, mutates.get(name)))
+        return Graph(values, nodes, list(d["inputs"]), list(d["params"]), list(d["buffers"]), d["output"],
+                     dict(d.get("unsupported", {})))
+
     def hash(self) -> str:
         """Stable across runs and processes: depends only on structure, shapes and dtypes."""
         blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
@@ -200,4 +227,16 @@ def _jsonable(obj: Any) -> Any:
         return "nan"
     if isinstance(obj, float) and obj in (float("inf"), float("-inf")):
         return str(obj)
+    return obj
+
+
+def _from_jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict) and set(obj) == {"ref"}:
+        return Ref(obj["ref"])
+    if isinstance(obj, list):
+        return [_from_jsonable(o) for o in obj]
+    if obj == "nan":
+        return float("nan")
+    if obj in ("inf", "-inf"):
+        return float(obj)
     return obj

@@ -1,0 +1,73 @@
+"""The standard strategies a user would pick by hand, as programs in the same representation,
+so every synthesized plan is scored against them by the same cost model.
+
+* ``dp-even``     — data parallelism, equal batch shares (PyTorch DDP);
+* ``dp-flops``    — data parallelism, batch shares proportional to each device's peak FLOPS;
+* ``zero3``       — data parallelism with every parameter stored sharded and gathered before
+  use (ZeRO-3 / FSDP), equal shares;
+* ``megatron-tp`` — tensor parallelism over all devices with the batch replicated, equal
+  shares: the best such program our search finds (at least as fast as Megatron's fixed
+  column/row/vocabulary-parallel pattern under the same cost model). Megatron across nodes
+  usually adds data parallelism between nodes; with one device group we model TP over all
+  devices, which is what one flat group allows.
+"""
+
+from __future__ import annotations
+
+from costmodel.cluster import Cluster
+from hapc.ir.graph import Graph
+from hapc.ir.layout import Layout, Replicate, Shard
+from hapc.ir.program import DistProgram
+from synth.builder import propagate
+from synth.costs import Prices
+from synth.space import SearchSpace
+from synth.search import search, to_program
+
+BASELINES = ("dp-even", "dp-flops", "megatron-tp", "zero3")
+
+
+def even_shares(world: int) -> tuple[float, ...]:
+    return tuple(1.0 / world for _ in range(world))
+
+
+def _batch_sharded(graph: Graph) -> dict[str, Layout]:
+    return {name: Shard(0) for name in graph.inputs if graph.meta(name).shape and graph.meta(name).shape[0] > 1}
+
+
+def _largest_dim(graph: Graph, name: str) -> int | None:
+    shape = graph.meta(name).shape
+    dims = [d for d, n in enumerate(shape) if n > 1]
+    return max(dims, key=lambda d: (shape[d], -d)) if dims else None
+
+
+def baseline_program(name: str, graph: Graph, cluster: Cluster) -> DistProgram:
+    world = cluster.world
+    if name == "dp-even":
+        return propagate(graph, even_shares(world), _batch_sharded(graph))
+    if name == "dp-flops":
+        return propagate(graph, cluster.flops_shares(), _batch_sharded(graph))
+    if name == "zero3":
+        layouts: dict[str, Layout] = dict(_batch_sharded(graph))
+        for p in graph.params:
+            d = _largest_dim(graph, p)
+            if d is not None and graph.values[p].requires_grad:
+                layouts[p] = Shard(d)
+        return propagate(graph, even_shares(world), layouts, score=_gather_params_score)
+    if name == "megatron-tp":
+        shares = even_shares(world)
+        space = SearchSpace.build(graph, Prices(graph, cluster, shares), free_layouts=(Replicate(),))
+        return to_program(space, search(space), shares)
+    raise ValueError(f"unknown baseline {name!r}; expected one of {', '.join(BASELINES)}")
+
+
+def _gather_params_score(node, strategy, builder) -> float:
+    """ZeRO-3 computes like data parallelism: parameters are gathered whole, never sharded."""
+    from synth.builder import redistribution_penalty
+
+    cost = 0.0
+    for value, lay in zip(node.input_refs(), strategy.inputs):
+        if builder.graph.values[value].kind == "param":
+            cost += 0.0 if isinstance(lay, Replicate) else 10.0
+        else:
+            cost += redistribution_penalty(builder.layouts_of(value), lay)
+    return cost - (0.05 if any(isinstance(o, Shard) for o in strategy.outputs) else 0.0)

@@ -1,0 +1,66 @@
+"""From a fixed program to the ratio LP's coefficients: time and memory per device, affine in
+that device's share.
+
+Time: a ``Compute`` whose strategy shards something costs device ``r`` (its share) x (the
+whole node's time on ``r``); one that shards nothing costs the whole node on every device.
+Communication, gradient synchronisation and the optimizer are taken from a simulation at
+the current shares and held fixed — a first-order model the alternation with the search
+corrects. Memory is measured at two share vectors and interpolated, which is exact for the
+parts that scale with a device's share and for those that do not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodel.cluster import Cluster
+from costmodel.compute import node_seconds
+from costmodel.memory import program_memory
+from costmodel.simulator import SimResult
+from hapc.ir.layout import Shard
+from hapc.ir.program import Compute, DistProgram
+from synth.ratios import ShareProblem
+
+
+def share_problem(program: DistProgram, sim: SimResult, cluster: Cluster,
+                  optimizer: str | int = "adamw") -> ShareProblem:
+    world = program.world
+    a = np.zeros(world)
+    b = np.zeros(world)
+    nodes = {n.name: n for n in program.graph.nodes}
+    for step in program.steps:
+        if not isinstance(step, Compute):
+            continue
+        node = nodes[step.node]
+        sharded = any(isinstance(x, Shard) for x in step.strategy.inputs + step.strategy.outputs)
+        for r, device in enumerate(cluster.devices):
+            t = node_seconds(node, program.graph, device, cluster, 1.0)
+            (a if sharded else b)[r] += t.fwd_seconds + t.bwd_seconds
+    b += np.asarray(sim.comm_seconds)
+    m, c = _memory_coefficients(program, cluster, optimizer)
+    return ShareProblem(a=a, b=b, m=m, c=c, capacity=np.asarray(cluster.memory_bytes(), dtype=float),
+                        device_names=[f"{d.type}#{d.index}" for d in cluster.devices])
+
+
+def _memory_coefficients(program: DistProgram, cluster: Cluster, optimizer: str | int):
+    """Bytes per device as ``m * share + c``, from two evaluations of the memory model."""
+    world = program.world
+    s1 = np.asarray(program.shares, dtype=float)
+    s2 = np.full(world, 1.0 / world) if not np.allclose(s1, 1.0 / world) else _tilted(world)
+    m1 = np.asarray(program_memory(_with_shares(program, s1), cluster, optimizer).totals)
+    m2 = np.asarray(program_memory(_with_shares(program, s2), cluster, optimizer).totals)
+    ds = s1 - s2
+    m = np.where(np.abs(ds) > 1e-12, (m1 - m2) / np.where(np.abs(ds) > 1e-12, ds, 1.0), 0.0)
+    m = np.maximum(m, 0.0)
+    c = np.maximum(m1 - m * s1, 0.0)
+    return m, c
+
+
+def _tilted(world: int) -> np.ndarray:
+    w = np.arange(1, world + 1, dtype=float)
+    return w / w.sum()
+
+
+def _with_shares(program: DistProgram, shares) -> DistProgram:
+    return DistProgram(program.graph, tuple(float(x) for x in shares), dict(program.source_layouts),
+                       list(program.steps))

@@ -1,0 +1,147 @@
+"""The synthesizer's outer loop: search under fixed shares, rebalance shares with the LP,
+repeat until the predicted time stops improving; then make sure the plan beats the baselines.
+
+The search prices a program additively (every node at its slowest rank, every collective in
+full, gradient all-reduces partly hidden behind backward); the simulator is the judge. So
+each candidate is simulated, several overlap assumptions are tried, and the fastest
+*simulated* program that fits in memory wins — including the standard baselines, so a plan
+is never worse than what a user would write by hand under the same cost model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from costmodel.cluster import Cluster
+from costmodel.simulator import SimResult, simulate
+from hapc.ir.graph import Graph
+from hapc.ir.program import DistProgram
+from synth.baselines import BASELINES, baseline_program
+from synth.costs import Prices
+from synth.loads import share_problem
+from synth.ratios import MemoryInfeasible, solve_shares
+from synth.search import SearchResult, search, to_program
+from synth.space import SearchSpace
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Candidate:
+    name: str
+    program: DistProgram
+    sim: SimResult
+    search: SearchResult | None = None
+
+    @property
+    def seconds(self) -> float:
+        return self.sim.iteration_seconds
+
+    @property
+    def fits(self) -> bool:
+        return self.sim.memory.all_fit
+
+
+@dataclass
+class Synthesis:
+    best: Candidate
+    baselines: dict[str, Candidate]
+    rounds: list[dict] = field(default_factory=list)
+    search_seconds: float = 0.0
+    lp_seconds: float = 0.0
+
+    @property
+    def speedups(self) -> dict[str, float]:
+        return {k: c.seconds / self.best.seconds for k, c in self.baselines.items()}
+
+
+def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | None = None,
+                       optimizer: str | int = "adamw", max_rounds: int = 6, backend: str = "highs",
+                       overlaps: Sequence[float] = (0.0, 0.5, 0.9), baselines: Sequence[str] = BASELINES,
+                       progress: Progress | None = None) -> Synthesis:
+    say = progress or (lambda msg: None)
+    deadline = time.perf_counter() + time_budget if time_budget else None
+    out = Synthesis(best=None, baselines={})  # type: ignore[arg-type]
+
+    for name in baselines:
+        say(f"baseline {name}")
+        prog = baseline_program(name, graph, cluster)
+        out.baselines[name] = Candidate(name, prog, simulate(prog, cluster, optimizer=optimizer))
+
+    best: Candidate | None = None
+    for replicated_params in (True, False):
+        shares = tuple(cluster.flops_shares())
+        previous = float("inf")
+        for round_ in range(max_rounds):
+            round_best: Candidate | None = None
+            for overlap in overlaps:
+                left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+                t0 = time.perf_counter()
+                space = SearchSpace.build(graph, Prices(graph, cluster, shares, grad_sync_overlap=overlap),
+                                          allow_replicated_params=replicated_params)
+                result = search(space, left / (2 * len(overlaps)) if left is not None else None)
+                out.search_seconds += time.perf_counter() - t0
+                prog = to_program(space, result, shares)
+                cand = Candidate("hapc", prog, simulate(prog, cluster, optimizer=optimizer), result)
+                if round_best is None or _better(cand, round_best):
+                    round_best = cand
+            assert round_best is not None
+            say(f"round {round_ + 1}: {round_best.seconds * 1e3:.3f} ms/iter "
+                f"({'fits' if round_best.fits else 'does not fit'}), shares "
+                + "/".join(f"{s:.3f}" for s in shares))
+            out.rounds.append({"round": round_ + 1, "seconds": round_best.seconds, "fits": round_best.fits,
+                               "shares": list(shares), "replicated_params": replicated_params})
+            if best is None or _better(round_best, best):
+                best = round_best
+            t0 = time.perf_counter()
+            try:
+                solution = solve_shares(share_problem(round_best.program, round_best.sim, cluster, optimizer),
+                                        backend)
+            except MemoryInfeasible:
+                out.lp_seconds += time.perf_counter() - t0
+                break
+            out.lp_seconds += time.perf_counter() - t0
+            new_shares = tuple(float(x) for x in np.asarray(solution.shares).reshape(-1)[:cluster.world])
+            improvement = (previous - round_best.seconds) / previous if previous < float("inf") else 1.0
+            previous = min(previous, round_best.seconds)
+            if _same(new_shares, shares) or improvement < 1e-6:
+                break
+            shares = new_shares
+            if deadline is not None and time.perf_counter() > deadline:
+                break
+        if best is not None and best.fits:
+            break   # sharded parameter storage only when replicated storage cannot fit
+
+    for cand in out.baselines.values():
+        if best is None or _better(cand, best):
+            best = cand
+    assert best is not None
+    if not best.fits:
+        _raise_memory(best, cluster, optimizer, backend)
+    out.best = best
+    return out
+
+
+def _better(a: Candidate, b: Candidate) -> bool:
+    """Fitting beats not fitting; then faster wins; ties keep the earlier one."""
+    if a.fits != b.fits:
+        return a.fits
+    return a.seconds < b.seconds * (1 - 1e-9)
+
+
+def _same(a: Sequence[float], b: Sequence[float]) -> bool:
+    return all(abs(x - y) < 1e-9 for x, y in zip(a, b))
+
+
+def _raise_memory(best: Candidate, cluster: Cluster, optimizer, backend: str) -> None:
+    """Nothing fits: let the LP say how much memory is missing where."""
+    solve_shares(share_problem(best.program, best.sim, cluster, optimizer), backend)
+    missing = [(d, t - c) for d, t, c in zip(cluster.devices, best.sim.memory.totals, cluster.memory_bytes())
+               if t > c]
+    text = ", ".join(f"{gap / 1e9:.2f} GB missing on {d.type}#{d.index}" for d, gap in missing)
+    raise MemoryInfeasible(f"no plan fits in memory: {text}",
+                           {f"{d.type}#{d.index}": gap for d, gap in missing})
