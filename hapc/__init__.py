@@ -1,7 +1,20 @@
 """hapc: compile a single-device PyTorch training program into an SPMD program for a
-heterogeneous cluster. Kept thin so that importing a lower layer never pulls in the API."""
+heterogeneous cluster.
+
+Kept thin: names are imported on first use, so importing a lower layer (``hapc.ir``,
+``hapc.rules``) never pulls in the search or the cost model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "synthesize": "hapc.api", "baseline": "hapc.api", "load_cluster": "costmodel.cluster",
+    "Plan": "hapc.plan", "Cluster": "costmodel.cluster", "Traced": "hapc.tracer",
+}
 
 
 def trace(model, inputs):
@@ -9,3 +22,14 @@ def trace(model, inputs):
     from hapc.tracer import trace as _trace
 
     return _trace(model, inputs)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'hapc' has no attribute {name!r}")
+
+
+__all__ = ["synthesize", "baseline", "load_cluster", "trace", "Plan", "Cluster", "Traced"]

@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 import traceback
+from pathlib import Path
 
 from hapc.errors import UserError
 
@@ -26,6 +27,101 @@ def _cmd_ir(args: argparse.Namespace) -> int:
     traced = trace(model, inputs)
     print(format_ir(traced, layouts=not args.no_layouts, limit=args.limit))
     return 0
+
+
+def _progress(args: argparse.Namespace):
+    if getattr(args, "quiet", False):
+        return lambda msg: None
+    return lambda msg: print(f"  {msg}", file=sys.stderr, flush=True)
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    import time
+
+    from costmodel.cluster import load_cluster
+    from hapc.api import synthesize
+    from hapc.modelfile import load_model_file, parse_overrides
+    from hapc.report import write_report
+    from hapc.tracer import trace
+
+    say = _progress(args)
+    started = time.perf_counter()
+    cluster = load_cluster(args.cluster)          # bad cluster files fail before any work
+    overrides = parse_overrides(args.set)
+    mf = load_model_file(args.model, overrides)
+    say(f"tracing {args.model}")
+    traced = _trace_model_file(mf, trace)
+    if traced.graph.unsupported:
+        ops = ", ".join(f"{op} ({where[0]})" for op, where in sorted(traced.graph.unsupported.items()))
+        print(f"hapc: warning: no sharding rule, these run replicated: {ops}", file=sys.stderr)
+    say(f"{len(traced.graph.nodes)} nodes traced in {traced.seconds:.1f} s; searching")
+    plan = synthesize(traced, None, cluster, time_budget=args.time_budget, optimizer=args.optimizer,
+                      model_file=str(Path(args.model).resolve()), model_kwargs=overrides, progress=say)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    plan.save(out / "plan.json")
+    write_report(plan, out)
+    emitted = ""
+    if not args.no_emit:
+        try:
+            emitted = str(plan.emit(out))
+        except ImportError:
+            emitted = ""
+    print(plan.summary())
+    wrote = ["plan.json", "report.md"] + (["program.py"] if emitted else [])
+    print(f"wrote {', '.join(str(out / w) for w in wrote)} in {time.perf_counter() - started:.1f} s")
+    if emitted:
+        print(f"run it: torchrun --nproc_per_node={cluster.world} {out / 'program.py'} --device cpu --verify")
+    return 0
+
+
+def _trace_model_file(mf, trace):
+    """Trace on the meta device (no weights, fast) and fall back to real tensors if the model
+    cannot be built or traced there."""
+    from hapc.errors import UserError
+
+    try:
+        model = mf.build_model(device="meta")
+        inputs = tuple(t.to("meta") for t in mf.build_inputs())
+        return trace(model, inputs)
+    except UserError:
+        model = mf.build_model()
+        return trace(model, mf.build_inputs())
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from hapc.plan import Plan
+
+    plan = Plan.load(args.plan)
+    sim = plan.simulate(args.cluster)
+    print(sim.table())
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from hapc.explain import explain
+    from hapc.plan import Plan
+
+    print(explain(Plan.load(args.plan), limit=args.limit))
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from hapc.plan import Plan
+
+    plan = Plan.load(args.plan)
+    golden = Plan.load(args.baseline)
+    if plan.graph.hash() != golden.graph.hash():
+        print(f"hapc check: the plans are for different graphs ({plan.graph.hash()} vs {golden.graph.hash()})")
+        return 1
+    if not plan.sim.memory.all_fit:
+        print("hapc check: FAILED: the plan does not fit in memory")
+        return 1
+    limit = golden.cost * (1 + args.tolerance)
+    verdict = "ok" if plan.cost <= limit else "FAILED"
+    print(f"hapc check: {verdict}: {plan.cost * 1e3:.4f} ms/iter vs golden {golden.cost * 1e3:.4f} ms "
+          f"({(plan.cost / golden.cost - 1) * 100:+.2f}%, tolerance {args.tolerance * 100:.1f}%)")
+    return 0 if verdict == "ok" else 1
 
 
 def _cmd_rules(args: argparse.Namespace) -> int:
@@ -51,6 +147,43 @@ def build_parser() -> argparse.ArgumentParser:
     ir.add_argument("--no-layouts", action="store_true", help="do not list the allowed layouts")
     ir.add_argument("--limit", type=int, default=None, help="print at most this many nodes")
     ir.set_defaults(func=_cmd_ir)
+
+    comp = sub.add_parser("compile", help="plan a model file for a cluster and emit the SPMD program",
+                          description="Trace MODEL.py, search for the fastest SPMD program on the cluster, "
+                                      "and write OUT/plan.json, OUT/report.md and OUT/program.py.")
+    comp.add_argument("model", metavar="MODEL.py")
+    comp.add_argument("--cluster", required=True, metavar="CLUSTER.yaml")
+    comp.add_argument("-o", "--output", default="out", metavar="OUT", help="output folder (default: out)")
+    comp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a keyword argument of model()/inputs(), e.g. --set layers=2")
+    comp.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                      help="stop the search after this long and keep the best plan found (with its gap)")
+    comp.add_argument("--optimizer", default="adamw", help="optimizer whose state memory to plan for")
+    comp.add_argument("--no-emit", action="store_true", help="write the plan and report only")
+    comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    comp.set_defaults(func=_cmd_compile)
+
+    sim = sub.add_parser("simulate", help="predict a plan's time and memory, optionally on another cluster",
+                         description="Re-simulate PLAN.json with the cost model, on its own cluster or on "
+                                     "another one with the same number of devices.")
+    sim.add_argument("plan", metavar="PLAN.json")
+    sim.add_argument("--cluster", default=None, metavar="OTHER.yaml")
+    sim.set_defaults(func=_cmd_simulate)
+
+    exp = sub.add_parser("explain", help="show each step of a plan, its layouts and what it costs",
+                         description="For every node: the strategy chosen, the collectives around it, "
+                                     "the time they take, and the user's source line.")
+    exp.add_argument("plan", metavar="PLAN.json")
+    exp.add_argument("--limit", type=int, default=None, help="show at most this many steps")
+    exp.set_defaults(func=_cmd_explain)
+
+    chk = sub.add_parser("check", help="CI regression: fail when a plan got worse than a golden one",
+                         description="Exit 1 when PLAN.json is predicted slower than GOLDEN.json by more "
+                                     "than the tolerance, does not fit in memory, or is for another graph.")
+    chk.add_argument("plan", metavar="PLAN.json")
+    chk.add_argument("--baseline", required=True, metavar="GOLDEN.json")
+    chk.add_argument("--tolerance", type=float, default=0.02, help="allowed relative slow-down (default 0.02)")
+    chk.set_defaults(func=_cmd_check)
 
     rules = sub.add_parser("rules", help="list the ops with sharding rules, or check them",
                            description="List the aten ops that have sharding rules, or (--check) run every "

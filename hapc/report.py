@@ -1,0 +1,93 @@
+"""What ``hapc compile`` prints and writes: the summary table, ``report.md`` and its chart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hapc.plan import Plan
+
+
+def summary_text(plan: "Plan") -> str:
+    sim = plan.sim
+    ms = 1e3
+    model = plan.model.get("file", "model")
+    lines = [
+        f"hapc plan '{plan.name}' for {Path(str(model)).name} on {plan.cluster.name or 'cluster'} "
+        f"({plan.cluster.world} devices)",
+        f"predicted time per iteration: {plan.cost * ms:.3f} ms  "
+        f"(lower bound {plan.lower_bound * ms:.3f} ms; {plan.cost / plan.lower_bound:.2f}x of it)"
+        if plan.lower_bound > 0 else f"predicted time per iteration: {plan.cost * ms:.3f} ms",
+    ]
+    if plan.baselines:
+        parts = [f"{k} {v * ms:.3f} ms ({v / plan.cost:.2f}x)" for k, v in sorted(plan.baselines.items())]
+        lines.append("baselines (speed-up of this plan): " + ", ".join(parts))
+    lines.append(sim.table())
+    if plan.search:
+        s = plan.search
+        lines.append(f"search: {'optimal under the search cost model' if s.get('exact') else 'time budget hit'}"
+                     f", {s.get('segments', '?')} segments ({s.get('distinct_segments', '?')} distinct), "
+                     f"{s.get('states_expanded', '?')} states expanded")
+    return "\n".join(lines)
+
+
+def write_report(plan: "Plan", out_dir: str | Path) -> Path:
+    """``report.md`` with the summary, the layout of every collective, and ``report.png``."""
+    out = Path(out_dir)
+    chart = _chart(plan, out / "report.png")
+    lines = ["# hapc plan report", "", "```", summary_text(plan), "```", ""]
+    if chart:
+        lines += ["![per-device time and memory](report.png)", ""]
+    lines += ["## Layout changes (collectives)", "", "| value | from | to | method |", "|---|---|---|---|"]
+    for value, src, dst, method in plan.collectives():
+        lines.append(f"| `{value}` | {src} | {dst} | {method} |")
+    lines += ["", "## Strategies", "", "| node | op | inputs | outputs | source |", "|---|---|---|---|---|"]
+    nodes = {n.name: n for n in plan.graph.nodes}
+    from hapc.ir.program import Compute
+
+    for step in plan.program.steps:
+        if isinstance(step, Compute):
+            n = nodes[step.node]
+            src = f"{Path(n.source.file).name}:{n.source.line}" if n.source else ""
+            ins = ", ".join(map(repr, step.strategy.inputs))
+            outs = ", ".join(map(repr, step.strategy.outputs))
+            lines.append(f"| `{n.name}` | `{n.op}` | {ins} | {outs} | {src} |")
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _chart(plan: "Plan", path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    sim = plan.sim
+    ranks = list(range(plan.cluster.world))
+    labels = [f"{r}:{d.type}" for r, d in zip(ranks, plan.cluster.devices)]
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(max(8, 0.5 * len(ranks) + 4), 4))
+    ms = [x * 1e3 for x in sim.compute_seconds]
+    cm = [x * 1e3 for x in sim.comm_seconds]
+    idle = [x * 1e3 for x in sim.idle_seconds]
+    ax_t.bar(ranks, ms, label="compute")
+    ax_t.bar(ranks, cm, bottom=ms, label="communication")
+    ax_t.bar(ranks, idle, bottom=[a + b for a, b in zip(ms, cm)], label="idle")
+    ax_t.set_ylabel("ms per iteration")
+    ax_t.set_title("time per device")
+    ax_t.legend(fontsize=8)
+    ax_m.bar(ranks, [b / 1e9 for b in sim.memory.totals], label="predicted peak")
+    ax_m.plot(ranks, [d.memory_bytes / 1e9 for d in plan.cluster.devices], "r_", markersize=20, label="capacity")
+    ax_m.set_ylabel("GB")
+    ax_m.set_title("memory per device")
+    ax_m.legend(fontsize=8)
+    for ax in (ax_t, ax_m):
+        ax.set_xticks(ranks)
+        ax.set_xticklabels(labels, rotation=90, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
