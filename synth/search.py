@@ -33,7 +33,7 @@ from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import DistProgram
 from synth.space import FREE, PARAM, NodeSpace, SearchSpace, Segment, layout_order
 
-State = tuple  # ((value id, layout bitmask), ...) sorted by value id
+State = tuple  # layout bitmasks, one per activation live at that point (see Searcher._live)
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,19 @@ class Searcher:
             self._sig.append(sigs.setdefault((v.meta, v.requires_grad), len(sigs)))
         self._move_cache: dict[tuple[int, int, int], float] = {}
         self._codes_cache: dict[int, list[int]] = {}
+        self._live = self._live_sets()
         self._tables = [self._compile(ns) for ns in space.nodes]
+
+    def _live_sets(self) -> list[list[int]]:
+        """Activations live before each node (and after the last): produced earlier, read later."""
+        n = len(self.space.nodes)
+        producer = self.space._producer_index
+        live: list[list[int]] = [[] for _ in range(n + 1)]
+        for v, last in self.space.last_use.items():
+            if self.graph.values[v].kind == "activation":
+                for i in range(producer[v] + 1, last + 1):
+                    live[i].append(self._vid[v])
+        return [sorted(x) for x in live]
 
     @staticmethod
     def code(layout: Layout) -> int:
@@ -133,14 +145,15 @@ class Searcher:
         return best
 
     def _compile(self, ns: NodeSpace) -> list[tuple]:
-        """Per strategy: (state-independent seconds, activation inputs, fixed sources, drops, outputs).
+        """Per strategy: (state-independent seconds, activation inputs, fixed sources, carry).
 
-        Parameter and free inputs cost the same in every state, so they are priced here once.
+        States are tuples of layout masks aligned with the (static) list of activations live
+        before each node, so a move is index arithmetic. Parameter and free inputs cost the
+        same in every state, so they are priced here once. ``carry`` says, for each value live
+        after the node, which slot before it holds its layouts, or which mask it is born with.
         """
         i = ns.index
-        last_use = self.space.last_use
-        drops = tuple(sorted({self._vid[v] for v, kind in ns.inputs if kind not in (FREE, PARAM)
-                              and last_use[v] <= i}))
+        before = {vid: k for k, vid in enumerate(self._live[i])}
         table = []
         for k, strat in enumerate(ns.options):
             base = ns.compute_seconds[k]
@@ -155,25 +168,26 @@ class Searcher:
                     fixed.append(storage)
                 else:
                     fixed.append(None)
-                    acts.append((pos, self._vid[value], self.code(want)))
-            outs = tuple((self._vid[o], 1 << self.code(lay)) for o, lay in zip(ns.node.outputs, strat.outputs)
-                         if last_use.get(o, -1) > i)
-            table.append((base, tuple(acts), tuple(fixed), drops, outs))
+                    vid = self._vid[value]
+                    acts.append((pos, before[vid], self.code(want), vid))
+            born = {self._vid[o]: 1 << self.code(lay) for o, lay in zip(ns.node.outputs, strat.outputs)}
+            carry = tuple((before[vid], 0) if vid in before else (-1, born[vid]) for vid in self._live[i + 1])
+            table.append((base, tuple(acts), tuple(fixed), carry))
         return table
 
     def _expand(self, ns: NodeSpace, state: State):
         """Yield (new state, seconds, choice) for every strategy of node ``ns``."""
-        held = dict(state)
         move = self._move_seconds
-        for k, (base, acts, fixed, drops, outs) in enumerate(self._tables[ns.index]):
+        layouts = self.layouts
+        for k, (base, acts, fixed, carry) in enumerate(self._tables[ns.index]):
             cost = base
-            masks = dict(held)
+            masks = list(state) if acts else state
             sources = list(fixed)
-            for pos, vid, want in acts:
-                mask = masks[vid]
+            for pos, slot, want, vid in acts:
+                mask = masks[slot]
                 bit = 1 << want
                 if mask & bit:
-                    sources[pos] = self.layouts[want]
+                    sources[pos] = layouts[want]
                     continue
                 best_src, best = -1, math.inf
                 m, src = mask, 0
@@ -185,13 +199,10 @@ class Searcher:
                     m >>= 1
                     src += 1
                 cost += best
-                sources[pos] = self.layouts[best_src]
-                masks[vid] = mask | bit
-            for vid in drops:
-                masks.pop(vid, None)
-            for vid, bit in outs:
-                masks[vid] = bit
-            yield tuple(sorted(masks.items())), cost, Choice(k, tuple(sources))
+                sources[pos] = layouts[best_src]
+                masks[slot] = mask | bit
+            new_state = tuple(masks[slot] if slot >= 0 else bit for slot, bit in carry)
+            yield new_state, cost, Choice(k, tuple(sources))
 
     # ---- one segment ----------------------------------------------------------------------
     def solve_segment(self, seg: Segment, entry: int) -> dict[int, tuple[float, list[Choice]]]:
@@ -203,14 +214,14 @@ class Searcher:
         h = [0.0] * (seg.stop - seg.start + 1)
         for j in range(seg.stop - 1, seg.start - 1, -1):
             h[j - seg.start] = h[j - seg.start + 1] + self._node_floor(nodes[j])
-        start_state: State = ((self._vid[seg.entry], entry),) if seg.entry else ()
+        start_state: State = (entry,) if self._live[seg.start] else ()
         best_g: dict[tuple, float] = {(seg.start, start_state): 0.0}
         parent: dict[tuple, tuple[tuple, Choice] | None] = {(seg.start, start_state): None}
         counter = itertools.count()
         heap = [(h[0], next(counter), seg.start, start_state)]
         exits: dict[int, float] = {}
         bound = math.inf
-
+        exit_slot = self._exit_slot(seg)
         while heap:
             f, _, i, state = heapq.heappop(heap)
             if f > bound + 1e-15:
@@ -219,7 +230,7 @@ class Searcher:
             if g + h[i - seg.start] < f - 1e-15:
                 continue                              # a stale entry of a state since improved
             if i == seg.stop:
-                mask = dict(state).get(self._exit_vid(seg), 0)
+                mask = state[exit_slot] if exit_slot >= 0 else 0
                 exits.setdefault(mask, g)
                 if bound == math.inf:   # the best exit: others matter only if cheaper than converting it
                     bound = g + (self._conversion_bound(seg.exit, mask) if seg.exit else 0.0)
@@ -232,17 +243,18 @@ class Searcher:
                 self._greedy_finish(seg, i, state, g, best_g, parent, exits)
                 continue
             self.expanded += 1
+            h_next = h[i + 1 - seg.start]
             for new_state, cost, choice in self._expand(nodes[i], state):
                 g2 = g + cost
                 k2 = (i + 1, new_state)
                 if g2 < best_g.get(k2, math.inf) - 1e-18:
                     best_g[k2] = g2
                     parent[k2] = ((i, state), choice)
-                    heapq.heappush(heap, (g2 + h[i + 1 - seg.start], next(counter), i + 1, new_state))
+                    heapq.heappush(heap, (g2 + h_next, next(counter), i + 1, new_state))
         result = {}
-        for exit_layouts, g in exits.items():
-            state = self._exit_state(seg, exit_layouts, best_g)
-            result[exit_layouts] = (g, self._path(parent, (seg.stop, state), seg.start))
+        for mask, g in exits.items():
+            state = self._exit_state(seg, mask, best_g)
+            result[mask] = (g, self._path(parent, (seg.stop, state), seg.start))
         self._memo[key] = result
         return result
 
@@ -250,13 +262,15 @@ class Searcher:
         """Is there a state at ``i`` that differs in one value's layouts and is cheaper even
         after converting that value to these layouts? Then this one can be dropped: every
         continuation from here is at most as cheap from there (merging equivalent frontiers)."""
-        for pos, (vid, mask) in enumerate(state):
+        live = self._live[i]
+        for slot, mask in enumerate(state):
+            vid = live[slot]
             single = mask & (mask - 1) == 0
             for code in self._codes_of(vid):
                 alt = 1 << code
                 if alt == mask:
                     continue
-                other = state[:pos] + ((vid, alt),) + state[pos + 1:]
+                other = state[:slot] + (alt,) + state[slot + 1:]
                 g_other = best_g.get((i, other))
                 if g_other is None or g_other > g:
                     continue
@@ -279,13 +293,19 @@ class Searcher:
             self._codes_cache[vid] = hit
         return hit
 
+    def _exit_slot(self, seg: Segment) -> int:
+        """Where the carried-out value (exit activation, or the loss at the end) sits in the state."""
+        live = self._live[seg.stop]
+        vid = self._exit_vid(seg)
+        return live.index(vid) if vid in live else -1
+
     def _exit_vid(self, seg: Segment) -> int:
         """The value carried out of a segment: its exit activation, or the loss at the end."""
         return self._vid[seg.exit if seg.exit else self.graph.output]
 
     def _exit_state(self, seg: Segment, exit_mask: int, best_g: dict) -> State:
-        vid = self._exit_vid(seg)
-        candidates = [s for (i, s) in best_g if i == seg.stop and dict(s).get(vid, 0) == exit_mask]
+        slot = self._exit_slot(seg)
+        candidates = [s for (i, s) in best_g if i == seg.stop and (s[slot] if slot >= 0 else 0) == exit_mask]
         return min(candidates, key=lambda s: best_g[(seg.stop, s)])
 
     def _greedy_finish(self, seg, i, state, g, best_g, parent, exits) -> None:
@@ -298,7 +318,8 @@ class Searcher:
                 best_g[k2] = g + cost
                 parent[k2] = ((i, state), choice)
             i, state, g = i + 1, new_state, g + cost
-        exits.setdefault(dict(state).get(self._exit_vid(seg), 0), best_g[(i, state)])
+        slot = self._exit_slot(seg)
+        exits.setdefault(state[slot] if slot >= 0 else 0, best_g[(i, state)])
 
     @staticmethod
     def _path(parent: dict, key: tuple, start: int) -> list[Choice]:

@@ -79,13 +79,16 @@ class SearchSpace:
                     param_uses[r] = param_uses.get(r, 0) + 1
         last_use[graph.output] = len(graph.nodes)          # the loss lives to the end
         nodes = []
+        seen: dict[tuple, tuple[list[Strategy], list[float], float]] = {}
         for i, node in enumerate(graph.nodes):
             key = cost_key(graph, node)
-            options = [s for s in strategies(node, graph)
-                       if _allowed(s, node, graph, kinds, free_layouts, prices.world)]
-            compute = [prices.compute_seconds(node, s, key) for s in options]
-            nodes.append(NodeSpace(i, node, options, compute, prices.node_lower_bound(node, key),
-                                   [(r, kinds[r]) for r in node.input_refs()], key))
+            if key not in seen:       # repeated layers share strategies and prices
+                options = [s for s in strategies(node, graph)
+                           if _allowed(s, node, graph, kinds, free_layouts, prices.world)]
+                compute = [prices.compute_seconds(node, s, key) for s in options]
+                seen[key] = (options, compute, prices.node_lower_bound(node, key))
+            options, compute, lb = seen[key]
+            nodes.append(NodeSpace(i, node, options, compute, lb, [(r, kinds[r]) for r in node.input_refs()], key))
         space = SearchSpace(graph, prices, nodes, last_use, param_uses=param_uses,
                             allow_replicated_params=allow_replicated_params)
         space.segments = _segments(space)
