@@ -10,15 +10,17 @@ the whole cluster in proportion to speed: no strategy does better, and every mov
 least its node's share of it, so ``h`` is admissible and consistent and A* pops states in
 order of their *excess* over the lower bound.
 
-**Segments.** The graph is cut where at most one activation is live (see
-:mod:`synth.space`). Each distinct segment is solved once per entry layout: A* runs until it
-has settled every exit layout that could still matter — one whose cost is within the
-boundary value's most expensive conversion of the best exit, since any other exit can be
-had from the best one by that conversion. A small exact DP then chains the segments. The
-result is the optimum under the search's cost model.
+**Segments.** The graph is cut where few activations are live (see :mod:`synth.space`).
+Each distinct segment is solved once per entry state: A* runs until it has settled every
+exit state that could still matter — one whose cost is within the boundary values' most
+expensive conversion of the best exit, since any other exit can be had from the best one by
+that conversion. An exact DP then chains the segments, dropping boundary states that a
+cheaper one converts into. The result is the optimum under the search's cost model.
 
-**Time budget.** When ``deadline`` passes, open states are finished greedily and the plan
-found is returned with a lower bound (the smallest ``f`` still open), so the gap is known.
+**Budgets.** A segment whose A* needs more than ``segment_budget`` expansions (a wide
+mixture-of-experts gate keeps ten values live) is finished by a beam search instead, and so
+is everything once ``deadline`` passes; the plan is then marked inexact and its lower bound is
+the sum of the per-node floors, so the gap is known.
 """
 
 from __future__ import annotations
@@ -74,7 +76,6 @@ class Searcher:
         self.exact = True
         self._memo: dict[tuple, dict[int, tuple[float, list[Choice]]]] = {}
         self._param_cache: dict[tuple, tuple[float, Layout]] = {}
-        self.open_lower_bound = math.inf
         # Layouts are small ints in the hot loop (R=0, P=1, S(d)=2+d); sets of them are bitmasks.
         self.layouts: list[Layout] = [Replicate(), Partial()] + [Shard(d) for d in range(16)]
         self._vid = {name: i for i, name in enumerate(self.graph.values)}
@@ -85,19 +86,11 @@ class Searcher:
             self._sig.append(sigs.setdefault((v.meta, v.requires_grad), len(sigs)))
         self._move_cache: dict[tuple[int, int, int], float] = {}
         self._codes_cache: dict[int, list[int]] = {}
-        self._live = self._live_sets()
+        # Expansions one segment may use before it is finished by a beam (and marked inexact).
+        self.segment_budget = 8_000
+        self._hard: set[str] = set()
+        self._live = [[self._vid[v] for v in live] for live in space.live]
         self._tables = [self._compile(ns) for ns in space.nodes]
-
-    def _live_sets(self) -> list[list[int]]:
-        """Activations live before each node (and after the last): produced earlier, read later."""
-        n = len(self.space.nodes)
-        producer = self.space._producer_index
-        live: list[list[int]] = [[] for _ in range(n + 1)]
-        for v, last in self.space.last_use.items():
-            if self.graph.values[v].kind == "activation":
-                for i in range(producer[v] + 1, last + 1):
-                    live[i].append(self._vid[v])
-        return [sorted(x) for x in live]
 
     @staticmethod
     def code(layout: Layout) -> int:
@@ -205,23 +198,27 @@ class Searcher:
             yield new_state, cost, Choice(k, tuple(sources))
 
     # ---- one segment ----------------------------------------------------------------------
-    def solve_segment(self, seg: Segment, entry: int) -> dict[int, tuple[float, list[Choice]]]:
-        """Best cost and choices from ``entry`` (layout mask of the entry value) to each useful exit."""
+    def solve_segment(self, seg: Segment, entry: State) -> dict[State, tuple[float, list[Choice]]]:
+        """Best cost and choices from ``entry`` (layout masks of the entry values) to each useful exit."""
         key = (seg.signature, entry)
         if key in self._memo:
+            return self._memo[key]
+        if seg.signature in self._hard:     # A* already ran out of states here: go straight to a beam
+            self.exact = False
+            self._memo[key] = self._beam_segment(seg, entry)
             return self._memo[key]
         nodes = self.space.nodes
         h = [0.0] * (seg.stop - seg.start + 1)
         for j in range(seg.stop - 1, seg.start - 1, -1):
             h[j - seg.start] = h[j - seg.start + 1] + self._node_floor(nodes[j])
-        start_state: State = (entry,) if self._live[seg.start] else ()
+        start_state: State = entry
         best_g: dict[tuple, float] = {(seg.start, start_state): 0.0}
         parent: dict[tuple, tuple[tuple, Choice] | None] = {(seg.start, start_state): None}
         counter = itertools.count()
         heap = [(h[0], next(counter), seg.start, start_state)]
-        exits: dict[int, float] = {}
+        exits: dict[State, float] = {}
         bound = math.inf
-        exit_slot = self._exit_slot(seg)
+        budget = self.segment_budget
         while heap:
             f, _, i, state = heapq.heappop(heap)
             if f > bound + 1e-15:
@@ -230,18 +227,20 @@ class Searcher:
             if g + h[i - seg.start] < f - 1e-15:
                 continue                              # a stale entry of a state since improved
             if i == seg.stop:
-                mask = state[exit_slot] if exit_slot >= 0 else 0
-                exits.setdefault(mask, g)
+                exits.setdefault(state, g)
                 if bound == math.inf:   # the best exit: others matter only if cheaper than converting it
-                    bound = g + (self._conversion_bound(seg.exit, mask) if seg.exit else 0.0)
+                    bound = g + self._conversion_bound(seg.stop, state)
                 continue
             if i > seg.start and self._dominated(i, state, g, best_g):
                 continue
-            if self.deadline is not None and time.perf_counter() > self.deadline:
+            budget -= 1
+            if budget < 0 or (self.deadline is not None and time.perf_counter() > self.deadline):
+                # Out of time or states: finish with a beam and remember what is proven.
                 self.exact = False
-                self.open_lower_bound = min(self.open_lower_bound, f)
-                self._greedy_finish(seg, i, state, g, best_g, parent, exits)
-                continue
+                self._hard.add(seg.signature)
+                result = self._beam_segment(seg, entry)
+                self._memo[key] = result
+                return result
             self.expanded += 1
             h_next = h[i + 1 - seg.start]
             for new_state, cost, choice in self._expand(nodes[i], state):
@@ -251,12 +250,23 @@ class Searcher:
                     best_g[k2] = g2
                     parent[k2] = ((i, state), choice)
                     heapq.heappush(heap, (g2 + h_next, next(counter), i + 1, new_state))
-        result = {}
-        for mask, g in exits.items():
-            state = self._exit_state(seg, mask, best_g)
-            result[mask] = (g, self._path(parent, (seg.stop, state), seg.start))
+        result = {state: (g, self._path(parent, (seg.stop, state), seg.start)) for state, g in exits.items()}
         self._memo[key] = result
         return result
+
+    def _beam_segment(self, seg: Segment, entry: State, width: int = 24) -> dict[State, tuple[float, list[Choice]]]:
+        """The segment with at most ``width`` states per node (cheapest first): fast, not exact."""
+        nodes = self.space.nodes
+        layer: dict[State, tuple[float, list[Choice]]] = {entry: (0.0, [])}
+        for i in range(seg.start, seg.stop):
+            nxt: dict[State, tuple[float, list[Choice]]] = {}
+            for state, (g, path) in layer.items():
+                self.expanded += 1
+                for new_state, cost, choice in self._expand(nodes[i], state):
+                    if g + cost < nxt.get(new_state, (math.inf,))[0]:
+                        nxt[new_state] = (g + cost, path + [choice])
+            layer = dict(sorted(nxt.items(), key=lambda kv: (kv[1][0], kv[0]))[:width])
+        return layer
 
     def _dominated(self, i: int, state: State, g: float, best_g: dict) -> bool:
         """Is there a state at ``i`` that differs in one value's layouts and is cheaper even
@@ -293,34 +303,6 @@ class Searcher:
             self._codes_cache[vid] = hit
         return hit
 
-    def _exit_slot(self, seg: Segment) -> int:
-        """Where the carried-out value (exit activation, or the loss at the end) sits in the state."""
-        live = self._live[seg.stop]
-        vid = self._exit_vid(seg)
-        return live.index(vid) if vid in live else -1
-
-    def _exit_vid(self, seg: Segment) -> int:
-        """The value carried out of a segment: its exit activation, or the loss at the end."""
-        return self._vid[seg.exit if seg.exit else self.graph.output]
-
-    def _exit_state(self, seg: Segment, exit_mask: int, best_g: dict) -> State:
-        slot = self._exit_slot(seg)
-        candidates = [s for (i, s) in best_g if i == seg.stop and (s[slot] if slot >= 0 else 0) == exit_mask]
-        return min(candidates, key=lambda s: best_g[(seg.stop, s)])
-
-    def _greedy_finish(self, seg, i, state, g, best_g, parent, exits) -> None:
-        """Out of time: finish this state with the cheapest move at every node."""
-        nodes = self.space.nodes
-        while i < seg.stop:
-            new_state, cost, choice = min(self._expand(nodes[i], state), key=lambda t: t[1])
-            k2 = (i + 1, new_state)
-            if g + cost < best_g.get(k2, math.inf):
-                best_g[k2] = g + cost
-                parent[k2] = ((i, state), choice)
-            i, state, g = i + 1, new_state, g + cost
-        slot = self._exit_slot(seg)
-        exits.setdefault(state[slot] if slot >= 0 else 0, best_g[(i, state)])
-
     @staticmethod
     def _path(parent: dict, key: tuple, start: int) -> list[Choice]:
         path = []
@@ -330,13 +312,14 @@ class Searcher:
         path.reverse()
         return path
 
-    def _conversion_bound(self, value: str, mask: int) -> float:
-        """The most it costs to turn ``value``, held in the layouts of ``mask``, into any layout."""
-        v = self.graph.values[value]
-        codes = [0, 1] + [2 + d for d, n in enumerate(v.meta.shape) if n > 1]
-        vid = self._vid[value]
-        held = [c for c in codes if mask >> c & 1]
-        return max((min(self._move_seconds(vid, a, b) for a in held) for b in codes), default=0.0)
+    def _conversion_bound(self, i: int, state: State) -> float:
+        """The most it costs to turn the values live at ``i``, held as in ``state``, into any layouts."""
+        total = 0.0
+        for vid, mask in zip(self._live[i], state):
+            held = _bits(mask)
+            total += max((min(self._move_seconds(vid, a, b) for a in held) for b in self._codes_of(vid)),
+                         default=0.0)
+        return total
 
     def _node_floor(self, ns: NodeSpace) -> float:
         """No move at this node costs less than its cheapest strategy's own price."""
@@ -345,47 +328,44 @@ class Searcher:
     # ---- the whole graph ------------------------------------------------------------------
     def run(self) -> SearchResult:
         started = time.perf_counter()
-        frontier: dict[int, tuple[float, list[Choice]]] = {0: (0.0, [])}
+        frontier: dict[State, tuple[float, list[Choice]]] = {(): (0.0, [])}
         for seg in self.space.segments:
-            nxt: dict[int, tuple[float, list[Choice]]] = {}
+            nxt: dict[State, tuple[float, list[Choice]]] = {}
             for entry, (g, path) in sorted(frontier.items(), key=lambda kv: (kv[1][0], kv[0])):
                 for exit_layouts, (cost, sub) in self.solve_segment(seg, entry).items():
                     total = g + cost
                     if total < nxt.get(exit_layouts, (math.inf,))[0] - 1e-18:
                         nxt[exit_layouts] = (total, path + sub)
             frontier = self._prune_frontier(seg, nxt)
-        finals = {k: v for k, v in frontier.items() if k & 0b11}     # the loss ends R or P
+        finals = {k: v for k, v in frontier.items() if k and k[-1] & 0b11}   # the loss ends R or P
         if not finals:
             raise RuntimeError("no plan ends with a Replicate or Partial loss")
         _, (cost, choices) = min(finals.items(), key=lambda kv: (kv[1][0], kv[0]))
-        lb = sum(ns.lower_bound_seconds for ns in self.space.nodes)
-        if not self.exact:
-            lb = max(lb, min(self.open_lower_bound, cost))
-        else:
-            lb = cost
+        # Exact: the optimum itself. Otherwise every move pays at least its node's floor.
+        lb = cost if self.exact else min(cost, sum(self._node_floor(ns) for ns in self.space.nodes))
         storage = self._param_storage(choices)
         distinct = len({s.signature for s in self.space.segments})
         return SearchResult(choices, cost, lb, self.exact, self.expanded, len(self.space.segments),
                             distinct, time.perf_counter() - started, storage)
 
-    def _prune_frontier(self, seg: Segment, frontier: dict[int, tuple[float, list[Choice]]]):
-        """Drop boundary layouts that are dearer than converting a cheaper one into them."""
-        if not seg.exit or len(frontier) <= 1:
+    def _prune_frontier(self, seg: Segment, frontier: dict[State, tuple[float, list[Choice]]]):
+        """Drop boundary states that are dearer than converting a cheaper one into them."""
+        if len(frontier) <= 1:
             return frontier
-        vid = self._vid[seg.exit]
+        live = self._live[seg.stop]
         kept = {}
-        for mask, (g, path) in frontier.items():
+        for state, (g, path) in frontier.items():
             dominated = False
             for other, (g2, _) in frontier.items():
-                if other == mask or g2 > g:
+                if other == state or g2 > g:
                     continue
-                extra = sum(min(self._move_seconds(vid, a, b) for a in _bits(other)) for b in _bits(mask)
-                            if not other >> b & 1)
-                if g2 + extra < g - 1e-15 or (g2 + extra <= g and other < mask):
+                extra = sum(min(self._move_seconds(vid, a, b) for a in _bits(o)) for vid, o, m in
+                            zip(live, other, state) for b in _bits(m) if not o >> b & 1)
+                if g2 + extra < g - 1e-15 or (g2 + extra <= g and other < state):
                     dominated = True
                     break
             if not dominated:
-                kept[mask] = (g, path)
+                kept[state] = (g, path)
         return kept
 
     def _param_storage(self, choices: list[Choice]) -> dict[str, Layout]:

@@ -46,8 +46,8 @@ class NodeSpace:
 class Segment:
     start: int                 # first node index
     stop: int                  # one past the last node index
-    entry: str | None          # the activation live when the segment starts
-    exit: str | None           # the activation live when it ends
+    entry: tuple[str, ...]     # the activations live when the segment starts
+    exit: tuple[str, ...]      # the activations live when it ends (the loss, after the last)
     signature: str = ""
 
 
@@ -60,6 +60,7 @@ class SearchSpace:
     segments: list[Segment] = field(default_factory=list)
     param_uses: dict[str, int] = field(default_factory=dict)
     allow_replicated_params: bool = True
+    live: list[list[str]] = field(default_factory=list)
 
     @staticmethod
     def build(graph: Graph, prices: Prices, *, allow_replicated_params: bool = True,
@@ -91,16 +92,9 @@ class SearchSpace:
             nodes.append(NodeSpace(i, node, options, compute, lb, [(r, kinds[r]) for r in node.input_refs()], key))
         space = SearchSpace(graph, prices, nodes, last_use, param_uses=param_uses,
                             allow_replicated_params=allow_replicated_params)
+        space.live = live_sets(space)
         space.segments = _segments(space)
         return space
-
-    def live_after(self, i: int) -> list[str]:
-        """Activations produced at or before node ``i`` and read after it."""
-        return [v for v, last in self.last_use.items()
-                if last > i and self.graph.values[v].kind == "activation" and self._produced_at(v) <= i]
-
-    def _produced_at(self, value: str) -> int:
-        return self._producer_index[value]
 
     @property
     def _producer_index(self) -> dict[str, int]:
@@ -137,48 +131,51 @@ def cost_key(graph: Graph, node: Node) -> tuple:
             tuple((graph.meta(o), graph.values[o].requires_grad) for o in node.outputs))
 
 
-def _segments(space: SearchSpace) -> list[Segment]:
-    graph = space.graph
-    n = len(graph.nodes)
+LONG_SEGMENT = 24  # nodes: a segment longer than this is also cut where two activations are live
+
+
+def live_sets(space: SearchSpace) -> list[list[str]]:
+    """Activations live before node ``i`` (and, at ``n``, after the last): produced before it,
+    read at or after it. Ordered as the graph lists values, so equal layers line up."""
+    n = len(space.graph.nodes)
+    order = {name: k for k, name in enumerate(space.graph.values)}
     producer = space._producer_index
-    # live[i]: activations live between node i and node i+1.
-    births: dict[int, list[str]] = {}
+    live: list[list[str]] = [[] for _ in range(n + 1)]
     for v, last in space.last_use.items():
-        if graph.values[v].kind == "activation":
-            births.setdefault(producer[v], []).append(v)
-    live: set[str] = set()
-    cuts = [-1]
-    for i in range(n):
-        live.update(births.get(i, []))
-        live = {v for v in live if space.last_use[v] > i}
-        if len(live) <= 1 and i < n - 1:
-            cuts.append(i)
-    cuts.append(n - 1)
+        if space.graph.values[v].kind == "activation":
+            for i in range(producer[v] + 1, last + 1):
+                live[i].append(v)
+    return [sorted(x, key=order.__getitem__) for x in live]
+
+
+def _segments(space: SearchSpace) -> list[Segment]:
+    """Cut wherever at most one activation is live; cut long segments also where two are
+    (a residual stream plus a running auxiliary loss, as in mixture-of-experts models).
+
+    Fewer boundary values mean fewer entry states to solve a segment for, so two-value cuts
+    are used only where one-value cuts leave the search a long stretch.
+    """
+    n = len(space.graph.nodes)
+    live = space.live
+    ones = [0] + [i for i in range(1, n) if len(live[i]) <= 1] + [n]
+    cuts = []
+    for a, b in zip(ones, ones[1:]):
+        cuts.append(a)
+        if b - a > LONG_SEGMENT:
+            cuts += [i for i in range(a + 1, b) if len(live[i]) == 2]
+    cuts.append(n)
     segments = []
-    for a, b in zip(cuts, cuts[1:]):
-        start, stop = a + 1, b + 1
-        if start >= stop:
-            continue
-        entry = _single_live(space, a) if a >= 0 else None
-        exit_ = _single_live(space, b) if b < n - 1 else None
-        seg = Segment(start, stop, entry, exit_)
+    for start, stop in zip(cuts, cuts[1:]):
+        seg = Segment(start, stop, tuple(live[start]), tuple(live[stop]))
         seg.signature = _segment_signature(space, seg)
         segments.append(seg)
     return segments
 
 
-def _single_live(space: SearchSpace, i: int) -> str | None:
-    live = [v for v, last in space.last_use.items()
-            if space.graph.values[v].kind == "activation" and space._producer_index[v] <= i < last]
-    return live[0] if live else None
-
-
 def _segment_signature(space: SearchSpace, seg: Segment) -> str:
     """A hash of the segment's structure with values named by position, not by name."""
     graph = space.graph
-    local: dict[str, tuple] = {}
-    if seg.entry:
-        local[seg.entry] = ("entry",)
+    local: dict[str, tuple] = {v: ("entry", k) for k, v in enumerate(seg.entry)}
     parts = []
     for i in range(seg.start, seg.stop):
         ns = space.nodes[i]
@@ -193,7 +190,7 @@ def _segment_signature(space: SearchSpace, seg: Segment) -> str:
         for k, o in enumerate(ns.node.outputs):
             local[o] = ("node", i - seg.start, k)
         parts.append((ns.signature, tuple(ins)))
-    parts.append(("exit", local.get(seg.exit) if seg.exit else None))
+    parts.append(("exit", tuple(local.get(v) for v in seg.exit)))
     parts.append(("loss", local.get(graph.output)))
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:20]
 
