@@ -36,6 +36,7 @@ from hapc.ir.program import DistProgram
 from synth.space import FREE, PARAM, NodeSpace, SearchSpace, Segment, layout_order
 
 State = tuple  # layout bitmasks, one per activation live at that point (see Searcher._live)
+Frontier = dict  # State -> (seconds paid so far, choices made so far)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class Searcher:
         for v in self.graph.values.values():
             self._sig.append(sigs.setdefault((v.meta, v.requires_grad), len(sigs)))
         self._move_cache: dict[tuple[int, int, int], float] = {}
+        self._conv_cache: dict[tuple[int, int, int], tuple[float, int]] = {}
         self._codes_cache: dict[int, list[int]] = {}
         # Expansions one segment may use before it is finished by a beam (and marked inexact).
         self.segment_budget = 8_000
@@ -108,6 +110,15 @@ class Searcher:
             v = self.graph.values[self._names[vid]]
             hit = self.prices.move(v.meta, v.requires_grad, self.layouts[src], self.layouts[dst]).seconds
             self._move_cache[key] = hit
+        return hit
+
+    def _convert(self, vid: int, mask: int, want: int) -> tuple[float, int]:
+        """Cheapest (seconds, source layout) to get layout ``want`` from the copies in ``mask``."""
+        key = (self._sig[vid], mask, want)
+        hit = self._conv_cache.get(key)
+        if hit is None:
+            hit = min((self._move_seconds(vid, src, want), src) for src in _bits(mask))
+            self._conv_cache[key] = hit
         return hit
 
     def _param_price(self, name: str, want: Layout) -> tuple[float, Layout]:
@@ -168,13 +179,20 @@ class Searcher:
             table.append((base, tuple(acts), tuple(fixed), carry))
         return table
 
-    def _expand(self, ns: NodeSpace, state: State):
-        """Yield (new state, seconds, choice) for every strategy of node ``ns``."""
-        move = self._move_seconds
+    def _expand(self, ns: NodeSpace, state: State) -> list[tuple[State, float, int, tuple]]:
+        """(new state, seconds, strategy index, sources) for every strategy of node ``ns``.
+
+        The hot loop of the search: plain tuples, no objects (a :class:`Choice` is made only
+        for moves that improve a state)."""
+        convert = self._convert
         layouts = self.layouts
+        out = []
         for k, (base, acts, fixed, carry) in enumerate(self._tables[ns.index]):
+            if not acts:
+                out.append((tuple(state[slot] if slot >= 0 else bit for slot, bit in carry), base, k, fixed))
+                continue
             cost = base
-            masks = list(state) if acts else state
+            masks = list(state)
             sources = list(fixed)
             for pos, slot, want, vid in acts:
                 mask = masks[slot]
@@ -182,40 +200,45 @@ class Searcher:
                 if mask & bit:
                     sources[pos] = layouts[want]
                     continue
-                best_src, best = -1, math.inf
-                m, src = mask, 0
-                while m:
-                    if m & 1:
-                        c = move(vid, src, want)
-                        if c < best:
-                            best_src, best = src, c
-                    m >>= 1
-                    src += 1
-                cost += best
-                sources[pos] = layouts[best_src]
+                c, src = convert(vid, mask, want)
+                cost += c
+                sources[pos] = layouts[src]
                 masks[slot] = mask | bit
-            new_state = tuple(masks[slot] if slot >= 0 else bit for slot, bit in carry)
-            yield new_state, cost, Choice(k, tuple(sources))
+            out.append((tuple(masks[slot] if slot >= 0 else bit for slot, bit in carry), cost, k, tuple(sources)))
+        return out
 
     # ---- one segment ----------------------------------------------------------------------
-    def solve_segment(self, seg: Segment, entry: State) -> dict[State, tuple[float, list[Choice]]]:
-        """Best cost and choices from ``entry`` (layout masks of the entry values) to each useful exit."""
-        key = (seg.signature, entry)
-        if key in self._memo:
-            return self._memo[key]
-        if seg.signature in self._hard:     # A* already ran out of states here: go straight to a beam
-            self.exact = False
-            self._memo[key] = self._beam_segment(seg, entry)
-            return self._memo[key]
+    def solve_segment(self, seg: Segment, frontier: Frontier) -> Frontier:
+        """The best cost and choices to every useful exit state of ``seg``, starting from all
+        ``frontier`` states at once (each with the cost already paid to reach it).
+
+        Results are memoised by the segment's structure and the frontier's costs *relative to
+        its cheapest state*: from the third or fourth transformer layer on, that key repeats
+        and a layer costs a dictionary lookup.
+        """
+        base = min(g for g, _ in frontier.values())
+        key = (seg.signature, tuple(sorted((st, round(g - base, 13)) for st, (g, _) in frontier.items())))
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._beam_segment(seg, frontier, base) if seg.signature in self._hard else \
+                self._astar_segment(seg, frontier, base)
+            self._memo[key] = hit
+        return {st: (base + g_rel, frontier[entry][1] + sub) for st, (g_rel, entry, sub) in hit.items()}
+
+    def _astar_segment(self, seg: Segment, frontier: Frontier, base: float) -> dict:
         nodes = self.space.nodes
         h = [0.0] * (seg.stop - seg.start + 1)
         for j in range(seg.stop - 1, seg.start - 1, -1):
             h[j - seg.start] = h[j - seg.start + 1] + self._node_floor(nodes[j])
-        start_state: State = entry
-        best_g: dict[tuple, float] = {(seg.start, start_state): 0.0}
-        parent: dict[tuple, tuple[tuple, Choice] | None] = {(seg.start, start_state): None}
+        best_g: dict[tuple, float] = {}
+        parent: dict[tuple, tuple[tuple, Choice] | None] = {}
         counter = itertools.count()
-        heap = [(h[0], next(counter), seg.start, start_state)]
+        heap = []
+        for entry, (g, _) in sorted(frontier.items()):
+            best_g[(seg.start, entry)] = g - base
+            parent[(seg.start, entry)] = None
+            heap.append((g - base + h[0], next(counter), seg.start, entry))
+        heapq.heapify(heap)
         exits: dict[State, float] = {}
         bound = math.inf
         budget = self.segment_budget
@@ -235,38 +258,48 @@ class Searcher:
                 continue
             budget -= 1
             if budget < 0 or (self.deadline is not None and time.perf_counter() > self.deadline):
-                # Out of time or states: finish with a beam and remember what is proven.
-                self.exact = False
+                # Out of time or states: finish with a beam, and say the plan is not proven optimal.
                 self._hard.add(seg.signature)
-                result = self._beam_segment(seg, entry)
-                self._memo[key] = result
-                return result
+                return self._beam_segment(seg, frontier, base)
             self.expanded += 1
             h_next = h[i + 1 - seg.start]
-            for new_state, cost, choice in self._expand(nodes[i], state):
+            for new_state, cost, k, sources in self._expand(nodes[i], state):
                 g2 = g + cost
                 k2 = (i + 1, new_state)
                 if g2 < best_g.get(k2, math.inf) - 1e-18:
                     best_g[k2] = g2
-                    parent[k2] = ((i, state), choice)
+                    parent[k2] = ((i, state), Choice(k, sources))
                     heapq.heappush(heap, (g2 + h_next, next(counter), i + 1, new_state))
-        result = {state: (g, self._path(parent, (seg.stop, state), seg.start)) for state, g in exits.items()}
-        self._memo[key] = result
+        result = {}
+        for state, g in exits.items():
+            entry, path = self._path(parent, (seg.stop, state))
+            result[state] = (g, entry, path)
         return result
 
-    def _beam_segment(self, seg: Segment, entry: State, width: int = 24) -> dict[State, tuple[float, list[Choice]]]:
+    def _beam_segment(self, seg: Segment, frontier: Frontier, base: float, width: int = 24) -> dict:
         """The segment with at most ``width`` states per node (cheapest first): fast, not exact."""
+        self.exact = False
         nodes = self.space.nodes
-        layer: dict[State, tuple[float, list[Choice]]] = {entry: (0.0, [])}
+        layer = {st: (g - base, st, []) for st, (g, _) in frontier.items()}
         for i in range(seg.start, seg.stop):
-            nxt: dict[State, tuple[float, list[Choice]]] = {}
-            for state, (g, path) in layer.items():
+            nxt: dict[State, tuple[float, State, list[Choice]]] = {}
+            for state, (g, entry, path) in layer.items():
                 self.expanded += 1
-                for new_state, cost, choice in self._expand(nodes[i], state):
+                for new_state, cost, k, sources in self._expand(nodes[i], state):
                     if g + cost < nxt.get(new_state, (math.inf,))[0]:
-                        nxt[new_state] = (g + cost, path + [choice])
+                        nxt[new_state] = (g + cost, entry, path + [Choice(k, sources)])
             layer = dict(sorted(nxt.items(), key=lambda kv: (kv[1][0], kv[0]))[:width])
         return layer
+
+    @staticmethod
+    def _path(parent: dict, key: tuple) -> tuple[State, list[Choice]]:
+        """Walk back to the entry state; return it and the choices made since."""
+        path = []
+        while parent.get(key) is not None:
+            key, choice = parent[key]
+            path.append(choice)
+        path.reverse()
+        return key[1], path
 
     def _dominated(self, i: int, state: State, g: float, best_g: dict) -> bool:
         """Is there a state at ``i`` that differs in one value's layouts and is cheaper even
@@ -303,15 +336,6 @@ class Searcher:
             self._codes_cache[vid] = hit
         return hit
 
-    @staticmethod
-    def _path(parent: dict, key: tuple, start: int) -> list[Choice]:
-        path = []
-        while parent.get(key) is not None:
-            key, choice = parent[key]
-            path.append(choice)
-        path.reverse()
-        return path
-
     def _conversion_bound(self, i: int, state: State) -> float:
         """The most it costs to turn the values live at ``i``, held as in ``state``, into any layouts."""
         total = 0.0
@@ -328,15 +352,9 @@ class Searcher:
     # ---- the whole graph ------------------------------------------------------------------
     def run(self) -> SearchResult:
         started = time.perf_counter()
-        frontier: dict[State, tuple[float, list[Choice]]] = {(): (0.0, [])}
+        frontier: Frontier = {(): (0.0, [])}
         for seg in self.space.segments:
-            nxt: dict[State, tuple[float, list[Choice]]] = {}
-            for entry, (g, path) in sorted(frontier.items(), key=lambda kv: (kv[1][0], kv[0])):
-                for exit_layouts, (cost, sub) in self.solve_segment(seg, entry).items():
-                    total = g + cost
-                    if total < nxt.get(exit_layouts, (math.inf,))[0] - 1e-18:
-                        nxt[exit_layouts] = (total, path + sub)
-            frontier = self._prune_frontier(seg, nxt)
+            frontier = self._prune_frontier(seg, self.solve_segment(seg, frontier))
         finals = {k: v for k, v in frontier.items() if k and k[-1] & 0b11}   # the loss ends R or P
         if not finals:
             raise RuntimeError("no plan ends with a Replicate or Partial loss")
@@ -348,7 +366,7 @@ class Searcher:
         return SearchResult(choices, cost, lb, self.exact, self.expanded, len(self.space.segments),
                             distinct, time.perf_counter() - started, storage)
 
-    def _prune_frontier(self, seg: Segment, frontier: dict[State, tuple[float, list[Choice]]]):
+    def _prune_frontier(self, seg: Segment, frontier: Frontier) -> Frontier:
         """Drop boundary states that are dearer than converting a cheaper one into them."""
         if len(frontier) <= 1:
             return frontier
