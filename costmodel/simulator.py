@@ -221,6 +221,8 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
         step = program.steps[i]
         if isinstance(step, Compute):
             clock.work(backward_times[i], "bwd", step.node, nodes[step.node].op)
+            if step.strategy.local == SFB_LOCAL and world > 1:
+                _factor_gather(clock, cluster, program, step, nodes[step.node])
         else:
             _run_move(clock, cluster, backward_move(program, step), step, "bwd")
         for param in ready_at.get(i, []):
@@ -303,6 +305,7 @@ def _gradient_ready_steps(program: DistProgram) -> dict[int, list[str]]:
     graph = program.graph
     wanted = {p for p in graph.params if graph.values[p].requires_grad
               and isinstance(program.source_layouts.get(p, Replicate()), Replicate)}
+    wanted -= factor_synced_params(program)
     if program.world <= 1:
         return {}
     first: dict[str, int] = {}
@@ -316,6 +319,31 @@ def _gradient_ready_steps(program: DistProgram) -> dict[int, list[str]]:
         if p in first:
             out.setdefault(first[p], []).append(p)
     return out
+
+
+SFB_LOCAL = "linear_sfb"
+
+
+def factor_synced_params(program: DistProgram) -> set[str]:
+    """Parameters read only by sufficient-factor-broadcasting steps: their gradients are
+    rebuilt whole on every rank from gathered factors, so they need no all-reduce."""
+    sfb: set[str] = set()
+    other: set[str] = set()
+    params = set(program.graph.params)
+    for step in program.steps:
+        reads = step.inputs if isinstance(step, Compute) else (step.src,)
+        target = sfb if isinstance(step, Compute) and step.strategy.local == SFB_LOCAL else other
+        target.update(r for r in reads if r in params)
+    return sfb - other
+
+
+def _factor_gather(clock: "_Clock", cluster: Cluster, program: DistProgram, step: Compute, node) -> None:
+    """The backward of a sufficient-factor step: gather the input and output-gradient pieces."""
+    pieces_x = local_bytes(program, step.inputs[0], step.strategy.inputs[0])
+    pieces_y = local_bytes(program, node.outputs[0], step.strategy.outputs[0])
+    for pieces in (pieces_x, pieces_y):
+        variant, seconds = best_variant("all_gather", pieces, cluster)
+        clock.collective(seconds, "bwd", f"{step.node}: sufficient factors", "all_gather", variant)
 
 
 def _optimizer_seconds(program: DistProgram, cluster: Cluster, optimizer: str | int) -> list[float]:

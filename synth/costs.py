@@ -129,6 +129,17 @@ class Prices:
         nbytes = meta.numel * DTYPE_BYTES.get(meta.dtype, 4)
         return max(nbytes / d.hbm_bandwidth_Bps for d in self.cluster.devices)
 
+    def factor_gather_seconds(self, x: TensorMeta, x_layout: Layout, y: TensorMeta, y_layout: Layout) -> float:
+        """Sufficient factor broadcasting: gather the input and the output gradient pieces."""
+        key = (x, x_layout, y, y_layout, "sfb")
+        hit = self._moves.get(key)
+        if hit is None:
+            t = self._collective("all_gather", self._pieces(x, x_layout))[1]
+            t += self._collective("all_gather", self._pieces(y, y_layout))[1]
+            hit = MovePrice(t, "all_gather", "")
+            self._moves[key] = hit
+        return hit.seconds
+
     def grad_sync_seconds(self, meta: TensorMeta) -> float:
         """Exposed part of the all-reduce that keeps a replicated parameter's gradient whole."""
         key = (meta, "grad_sync")

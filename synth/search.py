@@ -112,6 +112,15 @@ class Searcher:
             self._move_cache[key] = hit
         return hit
 
+    def _factor_price(self, ns: NodeSpace, strat) -> float:
+        """Sufficient factor broadcasting replaces the weight's all-reduce by two gathers; it
+        needs the weight stored whole, so it is out when replicated storage is."""
+        if not self.space.allow_replicated_params:
+            return math.inf
+        x = self.graph.values[ns.inputs[0][0]].meta
+        y = self.graph.values[ns.node.outputs[0]].meta
+        return self.prices.factor_gather_seconds(x, strat.inputs[0], y, strat.outputs[0])
+
     def _convert(self, vid: int, mask: int, want: int) -> tuple[float, int]:
         """Cheapest (seconds, source layout) to get layout ``want`` from the copies in ``mask``."""
         key = (self._sig[vid], mask, want)
@@ -161,11 +170,16 @@ class Searcher:
         table = []
         for k, strat in enumerate(ns.options):
             base = ns.compute_seconds[k]
+            sfb = strat.local == "linear_sfb"
+            if sfb:
+                base += self._factor_price(ns, strat)
             fixed: list[Layout | None] = []
             acts = []
             for pos, ((value, kind), want) in enumerate(zip(ns.inputs, strat.inputs)):
                 if kind == FREE:
                     fixed.append(None)
+                elif kind == PARAM and sfb:       # complete gradients on every rank: no sync
+                    fixed.append(Replicate())
                 elif kind == PARAM:
                     c, storage = self._param_price(value, want)
                     base += c

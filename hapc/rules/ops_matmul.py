@@ -8,7 +8,7 @@ All are products summed over a contracted dimension: sharding that dimension giv
 from __future__ import annotations
 
 from hapc.ir.graph import Graph, Node
-from hapc.ir.layout import P, Partial
+from hapc.ir.layout import P, Partial, R, Shard
 from hapc.ir.program import Strategy
 from hapc.rules.registry import Sample, register, register_spec
 from hapc.rules.samples import T
@@ -40,8 +40,29 @@ def linear_rule(node: Node, graph: Graph) -> list[Strategy]:
         found = einsum_strategies(node, graph, "... k+, n k+, n -> ... n", "multilinear")
         # Multilinear in (x, w); the bias is added: P only with a Partial bias.
         found = [s for s in found if not (s.inputs[2] == P and s.inputs.count(P) == 1)]
-        return _with_bias_partial(found, 2)
-    return einsum_strategies(node, graph, "... k+, n k+ -> ... n", "multilinear")
+        found = _with_bias_partial(found, 2)
+    else:
+        found = einsum_strategies(node, graph, "... k+, n k+ -> ... n", "multilinear")
+    return found + sufficient_factor_strategies(found)
+
+
+def sufficient_factor_strategies(found: list[Strategy]) -> list[Strategy]:
+    """Data-parallel linear whose weight gradient is rebuilt from broadcast factors.
+
+    ``dW = dY^T X``: instead of all-reducing ``dW`` (out x in values), every rank gathers the
+    batch pieces of ``X`` and ``dY`` (batch x (in + out)) and computes the whole ``dW`` itself
+    (Xie et al.'s sufficient factor broadcasting). Cheaper when the batch is small next to the
+    layer. The forward is the data-parallel one; :func:`hapc.runtime.local_ops.linear_sfb`
+    marks it, the cost model prices the factor gathers instead of the all-reduce, and the
+    emitted program implements the backward.
+    """
+    out = []
+    for s in found:
+        x, w = s.inputs[0], s.inputs[1]
+        rest = s.inputs[2:]
+        if isinstance(x, Shard) and w == R and all(r == R for r in rest) and isinstance(s.outputs[0], Shard):
+            out.append(Strategy(s.inputs, s.outputs, local="linear_sfb"))
+    return out
 
 
 @register("aten.addmm.default", samples=lambda: [Sample((T(6), T(7, 10), T(10, 6)))])

@@ -141,6 +141,15 @@ def create_local(ctx: RankCtx, size: Any, *args: Any, **kwargs: Any) -> torch.Te
     return fn(_local_shape(ctx), *args, **kwargs)
 
 
+@local_op
+def linear_sfb(ctx: RankCtx, x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+    """Data-parallel linear whose weight (and bias) gradient is rebuilt on every rank from
+    gathered factors (sufficient factor broadcasting). The forward is plain linear; in one
+    process autograd already sums the ranks' contributions, so nothing else is needed here —
+    the emitted program swaps in a backward that gathers ``x`` and ``dy``."""
+    return torch.nn.functional.linear(x, weight, bias)
+
+
 def _cross_entropy_terms(logits, target, weight, ignore_index, label_smoothing):
     return torch.nn.functional.cross_entropy(
         logits, target, weight=weight, reduction="sum", ignore_index=ignore_index,
