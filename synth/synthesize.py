@@ -61,7 +61,7 @@ class Synthesis:
 
 def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | None = None,
                        optimizer: str | int = "adamw", max_rounds: int = 6, backend: str = "highs",
-                       overlaps: Sequence[float] = (0.0, 0.5, 0.9), baselines: Sequence[str] = BASELINES,
+                       overlaps: Sequence[float] = (0.0, 0.75), baselines: Sequence[str] = BASELINES,
                        progress: Progress | None = None) -> Synthesis:
     say = progress or (lambda msg: None)
     deadline = time.perf_counter() + time_budget if time_budget else None
