@@ -27,7 +27,7 @@ def test_every_example_cluster_loads_and_round_trips(path):
 def test_example_set_is_complete():
     by_name = {p.stem: load_cluster(p) for p in EXAMPLES}
     assert len(by_name) >= 8
-    hap = next(c for n, c in by_name.items() if "hap" in n)
+    hap = next(c for n, c in by_name.items() if "hap-paper" in n)
     assert hap.world == 64 and len(hap.nodes) == 8
     assert hap.network.bandwidth_Bps == pytest.approx(10e9 / 8)
     mixed = next(c for n, c in by_name.items() if "mixed" in n)
