@@ -27,12 +27,13 @@ UNARY = [
     "reciprocal", "softplus", "leaky_relu", "hardtanh", "elu", "log1p", "expm1", "sign", "floor", "ceil",
     "round", "square", "mish", "hardswish", "hardsigmoid", "relu6", "logical_not", "bitwise_not", "isnan",
     "nan_to_num", "clamp_min", "clamp_max", "sgn", "neg", "clone", "to", "_to_copy", "contiguous",
+    "lift_fresh_copy",
 ]
 UNARY_OVERLOADS = {
     "clamp_min": ["default"], "clamp_max": ["default"], "to": ["dtype", "dtype_layout"],
 }
 # Unary ops that are linear maps of their input.
-LINEAR_UNARY = {"neg", "clone", "to", "_to_copy", "contiguous"}
+LINEAR_UNARY = {"neg", "clone", "to", "_to_copy", "contiguous", "lift_fresh_copy"}
 
 
 def _unary_ops() -> dict[str, str]:
