@@ -64,7 +64,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     emitted = ""
     if not args.no_emit:
         try:
-            emitted = str(plan.emit(out))
+            emitted = str(plan.emit(out, constants=traced.constants))
         except ImportError:
             emitted = ""
     print(plan.summary())
@@ -122,6 +122,23 @@ def _cmd_check(args: argparse.Namespace) -> int:
     print(f"hapc check: {verdict}: {plan.cost * 1e3:.4f} ms/iter vs golden {golden.cost * 1e3:.4f} ms "
           f"({(plan.cost / golden.cost - 1) * 100:+.2f}%, tolerance {args.tolerance * 100:.1f}%)")
     return 0 if verdict == "ok" else 1
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from profiler.profile import profile
+
+    result = profile(args.output, nproc=args.nproc, merge=args.merge, quick=args.quick, affinity=args.affinity,
+                     threads=args.threads, device=args.device, op_classes=not args.no_op_classes,
+                     say=_progress(args))
+    if result is not None:          # None on the ranks other than 0 under torchrun
+        print(result.summary())
+    return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from hapc.calibrate import calibrate_cli
+
+    return calibrate_cli(args, say=_progress(args))
 
 
 def _cmd_rules(args: argparse.Namespace) -> int:
@@ -190,6 +207,53 @@ def build_parser() -> argparse.ArgumentParser:
                                        "rule on uneven 3-way shards against the unsharded op.")
     rules.add_argument("--check", action="store_true", help="validate every rule against ground truth")
     rules.set_defaults(func=_cmd_rules)
+
+    prof = sub.add_parser("profile", help="measure this machine's devices and links and write a cluster file",
+                          description="Start N ranks (or run under torchrun), measure matmul FLOPS per dtype, "
+                                      "memory bandwidth, op overhead and op-class efficiencies on every device "
+                                      "at once, time the collectives, fit each link's latency and bandwidth, "
+                                      "and write a cluster file the cost model loads.")
+    prof.add_argument("-o", "--output", required=True, metavar="CLUSTER.yaml")
+    prof.add_argument("--nproc", type=int, default=None,
+                      help="ranks to start (default: one per GPU, or one per CPU core)")
+    prof.add_argument("--merge", default=None, metavar="EXISTING.yaml",
+                      help="keep this file's topology, names and counts; replace its numbers")
+    prof.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
+    prof.add_argument("--affinity", default=None, metavar="CORES",
+                      help="pin rank i to the i-th core set, e.g. 0,1,1 (ranks 1 and 2 share core 1)")
+    prof.add_argument("--threads", type=int, default=1, help="threads per rank (default 1)")
+    prof.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    prof.add_argument("--no-op-classes", action="store_true", help="skip the per-op-class efficiencies")
+    prof.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    prof.set_defaults(func=_cmd_profile)
+
+    cal = sub.add_parser("calibrate", help="run several plans of a model, compare measured and predicted "
+                                           "step times, fit the cost model",
+                         description="Emit and run the baselines and the synthesized plan of MODEL.py on this "
+                                     "machine, compare measured with predicted step times (rank correlation, "
+                                     "median error), fit efficiency, launch and link scales, and report "
+                                     "before/after; --write puts the fitted values into the cluster file.")
+    cal.add_argument("model", metavar="MODEL.py")
+    cal.add_argument("--cluster", required=True, metavar="CLUSTER.yaml")
+    cal.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a keyword argument of model()/inputs(), e.g. --set layers=2")
+    cal.add_argument("--plans", default="dp-even,dp-flops,megatron-tp,zero3,hapc",
+                     help="comma-separated plans to run (baselines and 'hapc', the synthesized one); "
+                          "'none' refits the --runs file without running")
+    cal.add_argument("--steps", type=int, default=6, help="training steps per run (the first is not timed)")
+    cal.add_argument("--repeats", type=int, default=1,
+                     help="alternating rounds of all plans; each plan's time is the median over rounds")
+    cal.add_argument("--affinity", default=None, metavar="CORES",
+                     help="pin ranks as profiled (default: the cluster file's hapc-affinity line)")
+    cal.add_argument("--fit", default="compute,memory,launch,comm,latency",
+                     help="what to fit: compute, memory, launch, comm, latency, or op classes (matmul, ...)")
+    cal.add_argument("--runs", default=None, metavar="RUNS.json",
+                     help="add these measurements to earlier ones in RUNS.json and fit on all of them")
+    cal.add_argument("--write", action="store_true", help="write the fitted values into the cluster file")
+    cal.add_argument("--workdir", default=None, metavar="DIR", help="keep the emitted programs here")
+    cal.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per run")
+    cal.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    cal.set_defaults(func=_cmd_calibrate)
     return parser
 
 

@@ -153,8 +153,11 @@ class Plan:
         return Plan(program, cluster, sim, data.get("name", "hapc"), dict(data.get("baselines", {})),
                     dict(data.get("search", {})), model)
 
-    def emit(self, out_dir: str | Path) -> Path:
-        """Write ``out_dir/program.py`` (and the model file beside it); see :mod:`hapc.codegen`."""
+    def emit(self, out_dir: str | Path, constants: dict | None = None) -> Path:
+        """Write ``out_dir/program.py`` (and the model file beside it); see :mod:`hapc.codegen`.
+
+        ``constants`` are tensors ``torch.export`` lifted out of the model (``Traced.constants``);
+        without them the program recovers them from the model at start-up."""
         from hapc.codegen import emit
 
         if not self.model.get("file"):
@@ -162,7 +165,8 @@ class Plan:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         return Path(emit(self.program, self.model["file"], str(out), model_kwargs=self.model.get("kwargs", {}),
-                         optimizer=self.model.get("optimizer", "adamw"), plan_summary=self.summary()))
+                         optimizer=self.model.get("optimizer", "adamw"), plan_summary=self.summary(),
+                         cluster=self.cluster, constants=constants))
 
 
 def _canonical(obj: Any) -> Any:

@@ -1,2 +1,3 @@
 """The small runtime that emitted programs carry: per-rank implementations of ops
-(:mod:`hapc.runtime.local_ops`). It depends on torch only, so it can be copied into programs."""
+(:mod:`hapc.runtime.local_ops`) and uneven collectives with autograd duals
+(:mod:`hapc.runtime.collectives`). It depends on torch only, so it can be copied into programs."""

@@ -1,0 +1,419 @@
+"""DistProgram -> a standalone SPMD training program (``OUT/program.py``).
+
+The program is the skeleton in :mod:`hapc.codegen.skeleton` (process group, this rank's
+shards of the initial weights, gradient synchronisation, optimizer loop, ``--verify``) with
+the plan pasted in as data and one function:
+
+* tables keyed by value name — the piece length of every sharded value on each rank, the
+  module attribute behind each parameter, the RankCtx shape of each local op — so the rank
+  is data and every rank runs the same code;
+* ``forward(rt, v)``: one line per program step with named values, the user's source line
+  above the ops it produced, and the layout change and collective of each redistribution.
+
+Beside it go a copy of the model file and copies of :mod:`hapc.runtime.local_ops` and
+:mod:`hapc.runtime.collectives`, so the directory runs anywhere torch does.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import keyword
+import math
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hapc.ir.graph import Node, Ref
+from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.program import Compute, DistProgram, Redistribute
+from hapc.runtime import collectives as collectives_module
+from hapc.runtime import local_ops as local_ops_module
+
+SKELETON = Path(__file__).with_name("skeleton.py")
+BEGIN = "# ==== generated: tables and forward (begin) ===="
+END = "# ==== generated: tables and forward (end) ===="
+OPTIMIZERS = ("adamw", "adam", "sgd")
+# Names the generated forward uses for itself; values never take them.
+HIER = collectives_module.HIERARCHICAL
+RESERVED = {"rt", "v", "aten", "torch", "math", "L", "C", "M", "forward"}
+
+
+def emit(program: DistProgram, model_file: str, out_dir: str, *, model_kwargs: dict | None = None,
+         optimizer: str = "adamw", seed: int = 0, plan_summary: str = "", cluster: Any = None,
+         constants: dict | None = None) -> str:
+    """Write ``out_dir/program.py`` and its sibling files; return the program's path.
+
+    ``cluster`` (a :class:`costmodel.cluster.Cluster`) resolves each ``"auto"`` collective to
+    the variant the cost model prices cheapest, so the program runs what was predicted;
+    without it "auto" is the padded form. ``constants`` (``Traced.constants``) are tensors the
+    trace lifted out of the model; they are saved beside the program when the graph uses any.
+    """
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {', '.join(OPTIMIZERS)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model_name = Path(model_file).name
+    if model_name in ("program.py", "hapc_local_ops.py", "hapc_collectives.py"):
+        model_name = "model.py"
+    if Path(model_file).resolve() != (out / model_name).resolve():
+        shutil.copyfile(model_file, out / model_name)
+    shutil.copyfile(inspect.getsourcefile(local_ops_module), out / "hapc_local_ops.py")
+    shutil.copyfile(inspect.getsourcefile(collectives_module), out / "hapc_collectives.py")
+    graph = program.graph
+    used_constants = {graph.values[n].target for n in graph.values if graph.values[n].kind == "constant"}
+    if constants and used_constants:
+        torch.save({k: t for k, t in constants.items() if k in used_constants}, out / "constants.pt")
+
+    source = render(program, model_name, model_kwargs=model_kwargs or {}, optimizer=optimizer, seed=seed,
+                    plan_summary=plan_summary, cluster=cluster)
+    path = out / "program.py"
+    path.write_text(source)
+    return str(path)
+
+
+def render(program: DistProgram, model_name: str, *, model_kwargs: dict, optimizer: str = "adamw",
+           seed: int = 0, plan_summary: str = "", cluster: Any = None) -> str:
+    """The text of ``program.py`` (see the module docstring)."""
+    skeleton = SKELETON.read_text()
+    head, rest = skeleton.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    doc_end = ast.parse(skeleton).body[0].end_lineno
+    head = "\n".join(head.splitlines()[doc_end:])
+    names = _Names(program)
+    body = _tables(program, names, model_name, model_kwargs, optimizer, seed, cluster) + "\n\n\n" + \
+        _forward(program, names, cluster)
+    return _docstring(program, model_name, plan_summary) + head.rstrip("\n") + "\n\n" + BEGIN + "\n" + body + \
+        "\n" + END + tail
+
+
+# ---- names -----------------------------------------------------------------------------------
+
+class _Names:
+    """Value name -> a unique Python identifier (``idx@S(0)`` -> ``idx_S0``)."""
+
+    def __init__(self, program: DistProgram) -> None:
+        self._map: dict[str, str] = {}
+        taken: set[str] = set(RESERVED)
+        every = list(program.graph.values) + [s.out for s in program.steps if isinstance(s, Redistribute)]
+        for name in every:
+            base = re.sub(r"\W+", "_", name.replace("@", "_")).strip("_") or "value"
+            if base[0].isdigit() or keyword.iskeyword(base):
+                base = f"v_{base}"
+            ident, i = base, 1
+            while ident in taken:
+                i += 1
+                ident = f"{base}_{i}"
+            taken.add(ident)
+            self._map[name] = ident
+
+    def __getitem__(self, name: str) -> str:
+        return self._map[name]
+
+
+# ---- tables ----------------------------------------------------------------------------------
+
+def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: dict, optimizer: str,
+            seed: int, cluster: Any) -> str:
+    graph = program.graph
+    layouts = program.layouts()
+    loss_layout = layouts[graph.output]
+    lines = [
+        f"MODEL_FILE = {model_name!r}",
+        f"MODEL_KWARGS: dict[str, Any] = {model_kwargs!r}",
+        f"SEED = {seed!r}",
+        f"OPTIMIZER = {optimizer!r}             # unless the model file defines optimizer(params)",
+        f"WORLD = {program.world}",
+        f"SHARES: tuple[float, ...] = {tuple(round(s, 6) for s in program.shares)!r}   # each rank's share",
+        f"HIERARCHICAL = {_uses_hierarchical(program, cluster)}",
+        f"LOSS, LOSS_PARTIAL = {graph.output!r}, {isinstance(loss_layout, Partial)}",
+        f"# The loss is {_describe(loss_layout)}.",
+        "",
+        "# Where the sources come from (program value -> module attribute). A sharded one",
+        "# (listed in SHARDS) starts as this rank's piece of the initial tensor.",
+        _dict("PARAMS: dict[str, str]", {p: graph.values[p].target for p in graph.params}),
+        _dict("BUFFERS: dict[str, str]", {b: graph.values[b].target for b in graph.buffers}),
+        _dict("CONSTANTS: dict[str, str]", {n: v.target for n, v in graph.values.items() if v.kind == "constant"}),
+        f"INPUTS: tuple[str, ...] = {tuple(graph.inputs)!r}   # model inputs, in call order",
+        "",
+        "# Every sharded value: (dim, piece length on rank 0, 1, ...). Rank r holds",
+        "# [offset_r, offset_r + length_r) of dim, offsets being running sums of the lengths.",
+        _dict("SHARDS: dict[str, tuple[int, tuple[int, ...]]]", _shards(program, layouts)),
+        "",
+        "# Local ops: node -> (aten op, values read, values written, global output shapes);",
+        "# Rank.ctx turns a row into the RankCtx the op gets on this rank.",
+        _dict("LOCAL_CALLS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]]",
+              _local_calls(program)),
+        "",
+        "# Replicated trainable parameters, in the order their gradients become ready in",
+        "# backward: their gradients are all-reduced in buckets in this order.",
+        _tuple("GRAD_SYNC_ORDER: tuple[str, ...]", _grad_sync_order(program)),
+    ]
+    return "\n".join(lines)
+
+
+def _dict(header: str, items: dict) -> str:
+    if not items:
+        return f"{header} = {{}}"
+    body = "".join(f"    {k!r}: {v!r},\n" for k, v in items.items())
+    return f"{header} = {{\n{body}}}"
+
+
+def _tuple(header: str, items: tuple) -> str:
+    if not items:
+        return f"{header} = ()"
+    return f"{header} = (\n" + "".join(f"    {x!r},\n" for x in items) + ")"
+
+
+def _describe(layout: Layout) -> str:
+    if isinstance(layout, Partial):
+        return "Partial: every rank back-propagates its piece"
+    if isinstance(layout, Replicate):
+        return "Replicate: rank 0's copy is back-propagated"
+    return repr(layout)
+
+
+def _shards(program: DistProgram, layouts: dict[str, Layout]) -> dict[str, tuple[int, tuple[int, ...]]]:
+    out = {}
+    for name, lay in layouts.items():
+        if isinstance(lay, Shard):
+            d = program._dim(name, lay.dim)
+            out[name] = (d, tuple(program.lengths(name, d)))
+    return out
+
+
+def _local_calls(program: DistProgram) -> dict:
+    nodes = {n.name: n for n in program.graph.nodes}
+    out = {}
+    for step in program.steps:
+        if isinstance(step, Compute) and step.strategy.local is not None:
+            node = nodes[step.node]
+            # The executor builds infos from the strategy's layouts; a value read or written in
+            # a Shard layout is in SHARDS, so listing names reproduces them.
+            ins = tuple(v if isinstance(lay, Shard) else "" for v, lay in zip(step.inputs, step.strategy.inputs))
+            outs = tuple(v if isinstance(lay, Shard) else "" for v, lay in zip(node.outputs, step.strategy.outputs))
+            shapes = tuple(tuple(program.graph.meta(o).shape) for o in node.outputs)
+            out[step.node] = (node.op, ins, outs, shapes)
+    return out
+
+
+def _grad_sync_order(program: DistProgram) -> tuple[str, ...]:
+    graph = program.graph
+    wanted = {p for p in graph.params if graph.values[p].requires_grad
+              and isinstance(program.source_layouts.get(p, Replicate()), Replicate)}
+    first: dict[str, int] = {}
+    for i, step in enumerate(program.steps):
+        for name in (step.inputs if isinstance(step, Compute) else (step.src,)):
+            if name in wanted and name not in first:
+                first[name] = i
+    unused = [p for p in graph.params if p in wanted and p not in first]
+    return tuple(sorted(first, key=lambda p: -first[p])) + tuple(unused)
+
+
+# ---- forward ---------------------------------------------------------------------------------
+
+def _forward(program: DistProgram, names: _Names, cluster: Any) -> str:
+    graph = program.graph
+    nodes = {n.name: n for n in graph.nodes}
+    lines = ["def forward(rt: Rank, v: dict[str, torch.Tensor]) -> torch.Tensor:",
+             '    """One training forward on this rank\'s pieces; returns its piece of the loss."""']
+    sources = graph.params + graph.buffers + [n for n, x in graph.values.items() if x.kind == "constant"] + \
+        graph.inputs
+    lines.append("    # sources: this rank's pieces of parameters, buffers and inputs")
+    for name in sources:
+        lines.append(f"    {names[name]} = v[{name!r}]")
+    last_source = None
+    for step in program.steps:
+        if isinstance(step, Redistribute):
+            lines += _redistribute(program, step, names, cluster)
+            continue
+        node = nodes[step.node]
+        loc = node.source
+        if loc is not None and (loc.file, loc.line) != last_source:
+            code = f"  {loc.code}" if loc.code else ""
+            lines.append(f"    # {os.path.basename(loc.file)}:{loc.line}{code}")
+            last_source = (loc.file, loc.line)
+        lines += _compute(program, node, step, names)
+        if node.mutates and node.mutates in graph.values and graph.values[node.mutates].kind == "buffer" \
+                and node.outputs:
+            lines.append(f"    rt.write_back({names[node.mutates]}, {names[node.outputs[0]]})"
+                         f"   # {node.op} ran in place on a buffer")
+    lines.append(f"    return {names[graph.output]}")
+    return "\n".join(lines) + "\n"
+
+
+def _compute(program: DistProgram, node: Node, step: Compute, names: _Names) -> list[str]:
+    strat = step.strategy
+    reads = iter(step.inputs)
+    args = [_literal(a, reads, names) for a in node.args]
+    kwargs = [f"{k}={_literal(a, reads, names)}" for k, a in node.kwargs.items()]
+    outs = [names[o] for o in node.outputs]
+    layouts = ", ".join(map(repr, strat.outputs))
+    if strat.local is None:
+        call = f"{_op_expr(node.op)}({', '.join(args + kwargs)})"
+        lhs = _unpack(node.op, outs)
+        note = f"   # -> {layouts}" if not strat.is_replicated else ""
+    else:
+        fn = local_ops_module.LOCAL_OPS[strat.local]
+        call = f"L.{strat.local}({', '.join([f'rt.ctx({node.name!r})'] + args + kwargs)})"
+        if inspect.isgeneratorfunction(fn):
+            call = f"rt.drive({call})"
+        lhs = outs[0] if len(outs) == 1 else ", ".join(outs)
+        note = f"   # {node.op} -> {layouts}"
+    lines = [f"    {lhs} = {call}{note}"]
+    if strat.rescale is not None:
+        pos, _ = strat.rescale
+        src = step.inputs[pos]
+        if isinstance(strat.inputs[pos], Shard):
+            for o in outs:
+                lines.append(f"    {o} = {o} * rt.frac({src!r})   # exact mean under uneven pieces")
+    return lines
+
+
+def _unpack(op: str, outs: list[str]) -> str:
+    """Assignment target for an aten op: one name, or the first ``len(outs)`` of its results."""
+    returns = _returns(op)
+    if len(outs) == 1 and returns == 1:
+        return outs[0]
+    if returns is not None and returns == len(outs):
+        return ", ".join(outs)
+    # A list result (split) or a prefix of several results.
+    return f"{', '.join(outs)}, *_"
+
+
+def _returns(op: str) -> int | None:
+    """How many results an aten overload returns (a ``Tensor[]`` counts as many)."""
+    try:
+        ns, packet, overload = op.split(".", 2)
+        schema = getattr(getattr(getattr(torch.ops, ns), packet), overload)._schema
+    except (AttributeError, ValueError, RuntimeError):
+        return None
+    rets = schema.returns
+    if len(rets) == 1 and "[]" in str(rets[0].type):
+        return None
+    return len(rets)
+
+
+def _op_expr(op: str) -> str:
+    parts = op.split(".")
+    if len(parts) != 3:
+        raise ValueError(f"cannot emit a call to {op!r}: not an 'aten.<op>.<overload>' name")
+    if parts[0] == "aten":
+        return op
+    return f"torch.ops.{op}"
+
+
+def _literal(a: Any, reads, names: _Names) -> str:
+    """A traced argument as Python source: value names for tensors, constants as themselves
+    (dtype strings become torch dtypes, traced devices become this run's device)."""
+    if isinstance(a, Ref):
+        return names[next(reads)]
+    if isinstance(a, list):
+        return "[" + ", ".join(_literal(x, reads, names) for x in a) + "]"
+    if isinstance(a, tuple):
+        inner = ", ".join(_literal(x, reads, names) for x in a)
+        return f"({inner},)" if len(a) == 1 else f"({inner})"
+    if isinstance(a, float):
+        if math.isnan(a):
+            return "math.nan"
+        if math.isinf(a):
+            return "math.inf" if a > 0 else "-math.inf"
+        return repr(a)
+    if isinstance(a, str):
+        if hasattr(torch, a) and isinstance(getattr(torch, a), torch.dtype):
+            return f"torch.{a}"
+        if a.startswith("torch.") and hasattr(torch, a.removeprefix("torch.")):
+            return a
+        if a.split(":")[0] in ("cpu", "cuda", "meta"):
+            return "rt.device"
+        return repr(a)
+    return repr(a)
+
+
+def _redistribute(program: DistProgram, step: Redistribute, names: _Names, cluster: Any) -> list[str]:
+    src, dst = step.src_layout, step.dst_layout
+    x, y = names[step.src], names[step.out]
+    what = f"{step.src}: {src!r} -> {dst!r}"
+    method = _method(program, step, cluster)
+    form = collectives_module.method_of(method)
+    if src == dst:
+        return [f"    {y} = {x}   # {what}, nothing moves"]
+    if isinstance(src, Shard) and isinstance(dst, Replicate):
+        return [f"    # {what}, all-gather ({form}); backward reduce-scatters",
+                f"    {y} = rt.all_gather({x}, {step.src!r}, {method!r})"]
+    if isinstance(src, Partial) and isinstance(dst, Replicate):
+        return [f"    # {what}, all-reduce ({'hierarchical' if form == HIER else 'flat'}); backward all-reduces",
+                f"    {y} = rt.all_reduce({x}, {method!r})"]
+    if isinstance(src, Partial) and isinstance(dst, Shard):
+        return [f"    # {what}, reduce-scatter ({form}); backward all-gathers",
+                f"    {y} = rt.reduce_scatter({x}, {step.out!r}, {method!r})"]
+    if isinstance(src, Shard) and isinstance(dst, Shard):
+        return [f"    # {what}, all-to-all (split sizes); backward runs it in reverse",
+                f"    {y} = rt.all_to_all({x}, {step.src!r}, {step.out!r}, {method!r})"]
+    if isinstance(src, Replicate) and isinstance(dst, Shard):
+        return [f"    {y} = rt.slice({x}, {step.out!r})   # {what}, a local slice (free)"]
+    if isinstance(src, Shard) and isinstance(dst, Partial):
+        return [f"    {y} = rt.pad_partial({x}, {step.src!r})   # {what}, zero padding (local)"]
+    if isinstance(src, Replicate) and isinstance(dst, Partial):
+        return [f"    {y} = rt.keep_on_rank0({x})   # {what}, rank 0 keeps it, the others hold zeros"]
+    raise ValueError(f"cannot emit a redistribution {src!r} -> {dst!r}")
+
+
+def _method(program: DistProgram, step: Redistribute, cluster: Any) -> str:
+    """The collective variant to run: the step's own, or for "auto" the cost model's cheapest
+    on ``cluster`` (when given), mapped to an implemented form by the runtime."""
+    if step.method != "auto" or cluster is None:
+        return step.method
+    from costmodel.collectives import best_variant
+    from costmodel.transfers import forward_move
+
+    move = forward_move(program, step)
+    if move is None or move.kind == "local":
+        return "auto"
+    variant, _ = best_variant(move.kind, move.piece_bytes, cluster, send_matrix=move.send_matrix)
+    return variant
+
+
+def _uses_hierarchical(program: DistProgram, cluster: Any) -> bool:
+    return any(isinstance(s, Redistribute) and collectives_module.method_of(_method(program, s, cluster))
+               == collectives_module.HIERARCHICAL for s in program.steps)
+
+
+# ---- docstring -------------------------------------------------------------------------------
+
+def _docstring(program: DistProgram, model_name: str, plan_summary: str) -> str:
+    n = program.world
+    shares = " / ".join(f"{s:.3f}" for s in program.shares)
+    collectives = sum(1 for s in program.steps if isinstance(s, Redistribute))
+    summary = "\n".join(plan_summary.strip().splitlines()) if plan_summary.strip() else \
+        f"{len(program.steps)} steps ({collectives} redistributions), shares {shares}"
+    summary = summary.replace('"""', "'''").replace("\\", "\\\\")
+    return f'''"""Distributed training of {model_name} on {n} ranks: an SPMD program generated by hapc.
+
+Plan: {summary}
+
+Run (N = {n}; the rank's device comes from torchrun's LOCAL_RANK):
+
+    torchrun --nproc_per_node={n} program.py [--steps K] [--device cpu|cuda] [--verify]
+
+Files beside this one: {model_name} (the model file), hapc_local_ops.py and hapc_collectives.py
+(the runtime). Only torch is needed. The plan is data (the tables below); ``forward`` is one
+line per step of the plan, with the user's source line above the ops it produced.
+
+Use it in your own loop (inside an initialised process group, every rank):
+
+    import importlib.util, torch, torch.distributed as dist
+    spec = importlib.util.spec_from_file_location("program", "OUT/program.py")
+    program = importlib.util.module_from_spec(spec); spec.loader.exec_module(program)
+    dist.init_process_group("gloo")                  # or "nccl"; torchrun sets rank/world
+    params, step = program.build("cpu")              # this rank's pieces of the weights
+    opt = torch.optim.AdamW(params.values(), lr=1e-3)
+    for batch in loader:                             # the global batch, same on every rank
+        loss = step(batch)                           # forward, backward, gradient sync
+        opt.step(); opt.zero_grad()
+"""
+'''
