@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from costmodel.simulator import factor_synced_params
 from hapc.ir.graph import Node, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute
@@ -205,6 +206,7 @@ def _grad_sync_order(program: DistProgram) -> tuple[str, ...]:
     graph = program.graph
     wanted = {p for p in graph.params if graph.values[p].requires_grad
               and isinstance(program.source_layouts.get(p, Replicate()), Replicate)}
+    wanted -= factor_synced_params(program)     # complete on every rank already
     first: dict[str, int] = {}
     for i, step in enumerate(program.steps):
         for name in (step.inputs if isinstance(step, Compute) else (step.src,)):
@@ -253,7 +255,12 @@ def _compute(program: DistProgram, node: Node, step: Compute, names: _Names) -> 
     kwargs = [f"{k}={_literal(a, reads, names)}" for k, a in node.kwargs.items()]
     outs = [names[o] for o in node.outputs]
     layouts = ", ".join(map(repr, strat.outputs))
-    if strat.local is None:
+    if strat.local == "linear_sfb":
+        bias = args[2] if len(args) > 2 else "None"
+        call = f"rt.linear_sfb({args[0]}, {args[1]}, {bias}, {step.inputs[0]!r})"
+        lhs = outs[0]
+        note = f"   # -> {layouts}, weight gradient from gathered factors (no all-reduce)"
+    elif strat.local is None:
         call = f"{_op_expr(node.op)}({', '.join(args + kwargs)})"
         lhs = _unpack(node.op, outs)
         note = f"   # -> {layouts}" if not strat.is_replicated else ""

@@ -126,6 +126,11 @@ class Rank:
         dim, lengths = SHARDS[out]
         return C.reduce_scatter(self.comm, x, dim, lengths, method)
 
+    def linear_sfb(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, src: str) -> torch.Tensor:
+        """Linear whose weight gradient is rebuilt from gathered factors (no all-reduce)."""
+        dim, lengths = SHARDS[src]
+        return C.linear_sfb(self.comm, x, weight, bias, dim, lengths)
+
     def all_reduce(self, x: torch.Tensor, method: str = "auto") -> torch.Tensor:
         return C.all_reduce(self.comm, x, method)
 

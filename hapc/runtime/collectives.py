@@ -360,6 +360,40 @@ class _AllToAll(torch.autograd.Function):
             None, None, None, None, None
 
 
+class _LinearSFB(torch.autograd.Function):
+    """Data-parallel linear with sufficient factor broadcasting.
+
+    Backward gathers the batch pieces of the input and of the output gradient and computes
+    the *complete* weight and bias gradients on every rank, instead of all-reducing partial
+    ones: ``batch x (in + out)`` values move instead of ``in x out``. Those parameters are
+    therefore left out of the gradient all-reduce.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, comm, dim, lengths):
+        ctx.save_for_backward(x, weight)
+        ctx.meta = (comm, dim, lengths, bias is not None)
+        return torch.nn.functional.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        comm, dim, lengths, has_bias = ctx.meta
+        dx = dy.matmul(weight)
+        x_all = gather(comm, x.contiguous(), dim, lengths, method_of("auto"))
+        dy_all = gather(comm, dy.contiguous(), dim, lengths, method_of("auto"))
+        x2, dy2 = x_all.reshape(-1, x_all.shape[-1]), dy_all.reshape(-1, dy_all.shape[-1])
+        dw = dy2.t().matmul(x2)
+        db = dy2.sum(0) if has_bias else None
+        return dx, dw, db, None, None, None
+
+
+def linear_sfb(comm: Comm, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dim: int,
+               lengths: Sequence[int]) -> torch.Tensor:
+    """``F.linear`` on a batch shard whose weight/bias gradients come out complete (see above)."""
+    return _LinearSFB.apply(x, weight, bias, comm, dim % x.dim(), tuple(lengths))
+
+
 def all_gather(comm: Comm, x: torch.Tensor, dim: int, lengths: Sequence[int], method: str = "auto") -> torch.Tensor:
     """S(dim) -> R; backward reduce-scatters the (Partial) gradient back to S(dim)."""
     return _AllGather.apply(x, comm, dim, tuple(lengths), method_of(method))
