@@ -337,7 +337,7 @@ def factor_synced_params(program: DistProgram) -> set[str]:
     return sfb - other
 
 
-def _factor_gather(clock: "_Clock", cluster: Cluster, program: DistProgram, step: Compute, node) -> None:
+def _factor_gather(clock: _Clock, cluster: Cluster, program: DistProgram, step: Compute, node) -> None:
     """The backward of a sufficient-factor step: gather the input and output-gradient pieces."""
     pieces_x = local_bytes(program, step.inputs[0], step.strategy.inputs[0])
     pieces_y = local_bytes(program, node.outputs[0], step.strategy.outputs[0])

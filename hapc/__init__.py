@@ -32,4 +32,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'hapc' has no attribute {name!r}")
 
 
-__all__ = ["synthesize", "baseline", "load_cluster", "trace", "Plan", "Cluster", "Traced"]
+__all__ = ["Cluster", "Plan", "Traced", "baseline", "load_cluster", "synthesize", "trace"]

@@ -10,7 +10,8 @@ model can be planned on a laptop.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -83,4 +84,4 @@ def _model_info(model_file: str | None, kwargs: Mapping[str, Any] | None, optimi
     return info
 
 
-__all__ = ["synthesize", "baseline", "load_cluster", "Plan"]
+__all__ = ["Plan", "baseline", "load_cluster", "synthesize"]

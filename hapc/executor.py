@@ -13,8 +13,9 @@ copy of a ``Replicate`` loss), matching what the emitted program back-propagates
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -50,7 +51,6 @@ def run(program: DistProgram, traced: Traced, inputs: Sequence[torch.Tensor], *,
         dtype: torch.dtype | None = None, seed: int = 0, backward: bool = True) -> RunResult:
     """Execute ``program`` on ``len(program.shares)`` simulated ranks; return loss and grads."""
     graph = program.graph
-    world = program.world
     leaves: dict[str, torch.Tensor] = {}
     for name in graph.params:
         t = traced.tensor(name).detach().clone()
@@ -173,7 +173,7 @@ def _compute(program: DistProgram, node: Node, step: Compute, env: dict[str, Pie
     for rank, res in enumerate(results):
         res = list(res) if isinstance(res, (list, tuple)) else [res]
         if strat.rescale is not None:
-            pos, dim = strat.rescale
+            pos = strat.rescale[0]
             info = _infos(program, [step.inputs[pos]], [strat.inputs[pos]], rank)[0]
             if info is not None:
                 res = [r * (info.length / info.global_length) for r in res]

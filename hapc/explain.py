@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from hapc.plan import Plan
 
 
-def explain(plan: "Plan", limit: int | None = None) -> str:
+def explain(plan: Plan, limit: int | None = None) -> str:
     sim = plan.sim
     spent: dict[tuple[str, str], float] = defaultdict(float)
     variant: dict[str, str] = {}

@@ -122,7 +122,7 @@ class Plan:
         Path(path).write_text(json.dumps(self.to_dict(), sort_keys=True, indent=1) + "\n")
 
     @staticmethod
-    def load(path: str | Path) -> "Plan":
+    def load(path: str | Path) -> Plan:
         try:
             data = json.loads(Path(path).read_text())
         except FileNotFoundError:
@@ -134,7 +134,7 @@ class Plan:
         return Plan.from_dict(data)
 
     @staticmethod
-    def from_dict(data: dict[str, Any]) -> "Plan":
+    def from_dict(data: dict[str, Any]) -> Plan:
         graph = Graph.from_dict(data["graph"])
         cluster = load_cluster(data["cluster"])
         program = DistProgram(graph, tuple(data["shares"]),

@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from hapc.plan import Plan
 
 
-def summary_text(plan: "Plan") -> str:
+def summary_text(plan: Plan) -> str:
     sim = plan.sim
     ms = 1e3
     model = plan.model.get("file", "model")
@@ -32,7 +32,7 @@ def summary_text(plan: "Plan") -> str:
     return "\n".join(lines)
 
 
-def write_report(plan: "Plan", out_dir: str | Path) -> Path:
+def write_report(plan: Plan, out_dir: str | Path) -> Path:
     """``report.md`` with the summary, the layout of every collective, and ``report.png``."""
     out = Path(out_dir)
     chart = _chart(plan, out / "report.png")
@@ -58,7 +58,7 @@ def write_report(plan: "Plan", out_dir: str | Path) -> Path:
     return path
 
 
-def _chart(plan: "Plan", path: Path) -> bool:
+def _chart(plan: Plan, path: Path) -> bool:
     try:
         import matplotlib
 

@@ -14,8 +14,9 @@ import operator
 import os
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode

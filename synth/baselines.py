@@ -20,8 +20,8 @@ from hapc.ir.layout import Layout, Replicate, Shard
 from hapc.ir.program import DistProgram
 from synth.builder import propagate
 from synth.costs import Prices
-from synth.space import SearchSpace
 from synth.search import search, to_program
+from synth.space import SearchSpace
 
 BASELINES = ("dp-even", "dp-flops", "megatron-tp", "zero3")
 

@@ -14,7 +14,7 @@ way to get a valid program in tests.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from hapc.ir.graph import Graph, Node
 from hapc.ir.layout import Layout, Partial, Replicate, Shard

@@ -15,9 +15,9 @@ block coupling between dimensions is a program-wide detail the final simulation 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
 
 from costmodel.cluster import Cluster
 from costmodel.collectives import best_variant

@@ -64,7 +64,7 @@ class SearchSpace:
 
     @staticmethod
     def build(graph: Graph, prices: Prices, *, allow_replicated_params: bool = True,
-              free_layouts: tuple[Layout, ...] | None = None) -> "SearchSpace":
+              free_layouts: tuple[Layout, ...] | None = None) -> SearchSpace:
         """``free_layouts`` restricts how free values (the batch) may be read, e.g. to
         ``(Replicate(),)`` for tensor-parallel-only programs; parameters stored ``Replicate``
         can be forbidden (memory pressure) with ``allow_replicated_params=False``."""

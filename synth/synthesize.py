@@ -11,8 +11,8 @@ is never worse than what a user would write by hand under the same cost model.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 

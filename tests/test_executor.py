@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 import hapc
 from hapc.executor import replicated_program, run

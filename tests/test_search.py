@@ -9,8 +9,8 @@ import math
 import pulp
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 import hapc
 from costmodel import load_cluster

@@ -1,11 +1,27 @@
 """The instruction IR (traced graph), tensor layouts and shard arithmetic: the bottom layer."""
 
 from hapc.ir.graph import Arg, Cost, Graph, Node, Ref, SourceLoc, TensorMeta, Value
-from hapc.ir.layout import P, Partial, R, Replicate, Shard, Layout, grad_layout, parse_layout
+from hapc.ir.layout import Layout, P, Partial, R, Replicate, Shard, grad_layout, parse_layout
 from hapc.ir.shards import largest_remainder, offsets, shard_lengths
 
 __all__ = [
-    "Arg", "Cost", "Graph", "Node", "Ref", "SourceLoc", "TensorMeta", "Value",
-    "Layout", "P", "Partial", "R", "Replicate", "Shard", "grad_layout", "parse_layout",
-    "largest_remainder", "offsets", "shard_lengths",
+    "Arg",
+    "Cost",
+    "Graph",
+    "Layout",
+    "Node",
+    "P",
+    "Partial",
+    "R",
+    "Ref",
+    "Replicate",
+    "Shard",
+    "SourceLoc",
+    "TensorMeta",
+    "Value",
+    "grad_layout",
+    "largest_remainder",
+    "offsets",
+    "parse_layout",
+    "shard_lengths",
 ]

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal, Union
+from typing import Any, Literal, Union
 
 ValueKind = Literal["param", "buffer", "input", "activation", "constant"]
 
@@ -185,7 +186,7 @@ class Graph:
         return d
 
     @staticmethod
-    def from_dict(d: dict) -> "Graph":
+    def from_dict(d: dict) -> Graph:
         values = {}
         for name, shape, dtype, kind, target, rg in d["values"]:
             values[name] = Value(name, TensorMeta(tuple(shape), dtype), kind, target, rg)

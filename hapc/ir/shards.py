@@ -10,8 +10,8 @@ count of every sharded dimension of a program.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from math import floor
-from typing import Sequence
 
 
 def largest_remainder(total: int, shares: Sequence[float]) -> list[int]:

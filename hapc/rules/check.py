@@ -11,8 +11,9 @@ float inputs, with the single-device result. A strategy that disagrees is a *wro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -85,7 +86,7 @@ def sample_graph(op: str, sample: Sample) -> tuple[Node, Graph, list[torch.Tenso
 def check_strategy(op: str, sample: Sample, strategy: Strategy, shares: Sequence[float] = DEFAULT_SHARES,
                    dtype: torch.dtype = torch.float64, atol: float = 1e-9) -> str | None:
     """``None`` when ``strategy`` reproduces the op on uneven pieces; else what went wrong."""
-    from hapc.executor import _compute, redistribute  # executor sits above rules
+    from hapc.executor import _compute  # executor sits above rules
 
     node, graph, tensors = sample_graph(op, sample)
     gen = torch.Generator().manual_seed(0)

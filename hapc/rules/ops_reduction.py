@@ -8,7 +8,7 @@ uneven pieces. Other reductions (max, var, softmax over a dim) need the whole di
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from hapc.ir.graph import Graph, Node
 from hapc.ir.layout import Layout, P, Shard

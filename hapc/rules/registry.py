@@ -12,8 +12,9 @@ An op without a rule still works: :func:`strategies` then offers only all-``Repl
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from hapc.ir.graph import Graph, Node
 from hapc.ir.layout import R

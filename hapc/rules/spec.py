@@ -22,8 +22,9 @@ be sharded too when the op sums over it: the output is then ``Partial``. Dimensi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 from hapc.ir.graph import Graph, Node
 from hapc.ir.layout import Layout, P, R, Shard
@@ -46,7 +47,7 @@ class EinsumSpec:
     raw: str
 
     @staticmethod
-    def parse(text: str) -> "EinsumSpec":
+    def parse(text: str) -> EinsumSpec:
         lhs, rhs = (part.strip() for part in text.split("->"))
         return EinsumSpec(tuple(_parse_operand(op) for op in lhs.split(",")), _parse_operand(rhs), text)
 

@@ -12,8 +12,9 @@ one process and with real ``torch.distributed`` collectives in an emitted progra
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
