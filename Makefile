@@ -7,7 +7,7 @@ PIP    := $(VENV)/bin/pip
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-all lint rules-check bench clean
+.PHONY: install demo test test-all lint rules-check bench golden clean
 
 install: $(STAMP)
 
@@ -33,6 +33,15 @@ lint: install
 
 rules-check: install
 	$(PY) -m hapc.rules check
+
+# Synthesis time, plan quality per cluster, compile time, emitted DP vs DDP, cost-model accuracy:
+# writes bench/results.json and BENCHMARKS.md (not part of `make test`; about 10 minutes).
+bench: install
+	$(PY) -m bench.run
+
+# Refresh the golden plans that tests/test_golden.py checks with `hapc check`; prints what changed.
+golden: install
+	$(PY) -m bench.golden
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
