@@ -142,9 +142,9 @@ def headlines(res: dict[str, Any]) -> list[str]:
 
 SYNTHESIS_INTRO = (
     "*search*: build the search space and run A* once at FLOPs-proportional shares; *synthesize*: the "
-    "whole loop (baselines, searches at three overlap assumptions, ratio LP, repeated until the time stops "
-    "improving, every candidate simulated). HAP: its released synthesizer's published search times on 8 "
-    "heterogeneous devices (design.md section 4).")
+    "whole loop (baselines, searches under several gradient-overlap assumptions, ratio LP, repeated until "
+    "the time stops improving, every candidate simulated). HAP: its released synthesizer's published "
+    "search times on 8 heterogeneous devices (design.md section 4).")
 DEPTH_HEADER = [
     ("| model | nodes | trace s | search s | synthesize s (runs) | HAP s | HAP / synthesize | HAP / search "
     "| exact | states | segments (distinct) | plan |"),
