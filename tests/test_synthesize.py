@@ -3,7 +3,6 @@ come out byte-identical every time."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -123,9 +122,11 @@ def test_nothing_fits_says_how_much_is_missing():
 
 @pytest.mark.slow
 def test_a_70b_model_plans_on_the_meta_device():
-    model, inputs = _gpt_meta(layers=80, hidden=8192, heads=64, seq=2048, vocab=32000, batch=8)
+    """86 layers at hidden 8192 (69 B parameters) trace and plan with no weights in memory.
+    AdamW in fp32 needs about 1.1 TB, so 8 H100s (640 GB) cannot hold it: the planner must say
+    how much is missing on which devices rather than return a plan that does not fit."""
+    model, inputs = _gpt_meta(layers=86, hidden=8192, heads=64, seq=2048, vocab=32000, batch=8)
     n = sum(p.numel() for p in model.parameters())
     assert n > 65e9
-    plan = hapc.synthesize(model, inputs, str(ROOT / "configs" / "clusters" / "h100x8.yaml"), time_budget=120)
-    assert plan.cost > 0
-    assert json.dumps(plan.to_dict())
+    with pytest.raises(MemoryInfeasible, match=r"GB missing on H100#0"):
+        hapc.synthesize(model, inputs, str(ROOT / "configs" / "clusters" / "h100x8.yaml"), time_budget=120)
