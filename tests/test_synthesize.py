@@ -88,7 +88,7 @@ def test_plan_json_is_byte_identical_across_processes(tmp_path):
         out = tmp_path / f"p{i}"
         subprocess.run([sys.executable, "-m", "hapc.cli", "compile", str(MODELS / "gpt.py"), "--cluster",
                         SMALL_MIXED, "-o", str(out), "-q", "--no-emit"]
-                       + sum((["--set", f"{k}={v}"] for k, v in mf_small("gpt").items()), []),
+                       + [arg for k, v in mf_small("gpt").items() for arg in ("--set", f"{k}={v}")],
                        check=True, capture_output=True, cwd=ROOT)
         outs.append((out / "plan.json").read_bytes())
     assert outs[0] == outs[1]
