@@ -14,7 +14,7 @@ and allocator fragmentation, which is the headroom a plan needs anyway.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +23,40 @@ from costmodel.catalog import DTYPES
 
 @dataclass(frozen=True)
 class Link:
-    """A link between two ranks: bandwidth per direction and latency per message."""
+    """A link between two ranks: bandwidth per direction and latency per message.
+
+    ``per_kind`` optionally gives other numbers for particular collectives, as
+    ``((kind, bandwidth_Bps, latency_seconds), ...)``. A library does not run every
+    collective equally well over the same wire: gloo's reduce-scatter on one host moves a
+    byte about four times slower than its broadcast, and NCCL's bus bandwidth differs per
+    collective too. ``hapc profile`` fits each measured kind on its own; kinds not listed use
+    the link's own numbers.
+    """
 
     name: str
     bandwidth_Bps: float
     latency_seconds: float
+    per_kind: tuple[tuple[str, float, float], ...] = ()
 
     def seconds(self, nbytes: float) -> float:
         """Alpha-beta time of one message of ``nbytes`` over this link."""
         return self.latency_seconds + nbytes / self.bandwidth_Bps
 
+    def for_kind(self, kind: str) -> Link:
+        """The link as ``kind`` sees it: its own numbers for that collective, if it has them."""
+        for k, bandwidth, latency in self.per_kind:
+            if k == kind:
+                return Link(self.name, bandwidth, latency)
+        return Link(self.name, self.bandwidth_Bps, self.latency_seconds) if self.per_kind else self
+
+    def scaled(self, bandwidth: float = 1.0, latency: float = 1.0) -> Link:
+        """Every bandwidth times ``bandwidth`` and every latency times ``latency``."""
+        return Link(self.name, self.bandwidth_Bps * bandwidth, self.latency_seconds * latency,
+                    tuple((k, b * bandwidth, t * latency) for k, b, t in self.per_kind))
+
     def __repr__(self) -> str:
-        return f"{self.name}({self.bandwidth_Bps / 1e9:g} GB/s, {self.latency_seconds * 1e6:g} us)"
+        extra = "".join(f", {k} {b / 1e9:g} GB/s {t * 1e6:g} us" for k, b, t in self.per_kind)
+        return f"{self.name}({self.bandwidth_Bps / 1e9:g} GB/s, {self.latency_seconds * 1e6:g} us{extra})"
 
 
 @dataclass(frozen=True)
@@ -83,6 +105,7 @@ class Cluster:
     allow_tf32: bool = False
     launch_latency_seconds: float = 5e-6
     source: str = field(default="", compare=False)
+    _kind_views: dict[str, Cluster] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # ---- structure -------------------------------------------------------------------------
     @property
@@ -100,6 +123,25 @@ class Cluster:
         chosen = set(range(self.world) if ranks is None else ranks)
         groups = [[r for r in host.devices if r in chosen] for host in self.nodes]
         return [g for g in groups if g]
+
+    def for_collective(self, kind: str) -> Cluster:
+        """The cluster with every link replaced by what ``kind`` sees of it (:meth:`Link.for_kind`).
+
+        Itself when no link has per-collective numbers; otherwise a view built once per kind.
+        """
+        view = self._kind_views.get(kind)
+        if view is None:
+            links = [h.intra_link for h in self.nodes] + [self.network]
+            if not any(lk is not None and lk.per_kind for lk in links):
+                view = self
+            else:
+                def see(lk: Link | None) -> Link | None:
+                    return None if lk is None else lk.for_kind(kind)
+
+                view = replace(self, nodes=[Host(h.index, h.devices, see(h.intra_link)) for h in self.nodes],
+                               network=see(self.network))
+            self._kind_views[kind] = view
+        return view
 
     def link(self, a: int, b: int) -> Link | None:
         """The link a message from rank ``a`` to rank ``b`` crosses (None when a == b)."""
@@ -211,7 +253,10 @@ def _device_dict(d: Device) -> dict[str, Any]:
 
 
 def _link_dict(link: Link) -> dict[str, Any]:
-    return {"name": link.name, "bandwidth_Bps": link.bandwidth_Bps, "latency_s": link.latency_seconds}
+    out: dict[str, Any] = {"name": link.name, "bandwidth_Bps": link.bandwidth_Bps, "latency_s": link.latency_seconds}
+    if link.per_kind:
+        out["collectives"] = {k: {"bandwidth_Bps": b, "latency_s": t} for k, b, t in link.per_kind}
+    return out
 
 
 def load_cluster(source: str | Path | Mapping[str, Any] | Cluster) -> Cluster:

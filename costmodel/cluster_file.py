@@ -12,7 +12,9 @@ Optional top-level keys: ``name``; ``efficiency`` (fraction of peak per op class
 products at the TF32 peak); ``launch_latency_us`` (one kernel launch, default 5). A node
 holding several devices needs its ``intra_link``; a cluster of several nodes its ``network``
 (bandwidth per node, i.e. one network card shared by the node's devices). A link given by
-bandwidth alone gets a 10 us latency.
+bandwidth alone gets a 10 us latency. A link may add ``collectives: {reduce_scatter:
+{bandwidth_GBps: .., latency_us: ..}, ...}``: its numbers for particular collectives (what
+``hapc profile`` fits per kind), the link's own numbers for the rest.
 
 Every error is a :class:`UserError` of one line: ``FILE: FIELD.PATH: what was wrong;
 expected ...``.
@@ -39,7 +41,11 @@ _TOP_KEYS = ("name", "nodes", "network", "efficiency", "allow_tf32", "launch_lat
 _NODE_KEYS = ("count", "devices", "intra_link", "name")
 _DEVICE_KEYS = ("type", "count", "name", "tflops", "peak_flops", "memory_GB", "memory_bytes", "hbm_GBps",
                 "hbm_Bps")
-_LINK_KEYS = ("type", "name", "bandwidth_GBps", "bandwidth_Gbps", "bandwidth_Bps", "latency_us", "latency_s")
+_LINK_KEYS = ("type", "name", "bandwidth_GBps", "bandwidth_Gbps", "bandwidth_Bps", "latency_us", "latency_s",
+              "collectives")
+_LINK_NUMBER_KEYS = ("bandwidth_GBps", "bandwidth_Gbps", "bandwidth_Bps", "latency_us", "latency_s")
+# Collectives a link may give its own numbers for (what ``hapc profile`` measures).
+LINK_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
 
 
 class _Ctx:
@@ -277,4 +283,32 @@ def _link(ctx: _Ctx, path: str, value: Any) -> Link:
         name = str(value["name"])
     if name is None:
         name = "link"
-    return Link(name, bandwidth, latency)
+    per_kind = _per_collective(ctx, f"{path}.collectives", value.get("collectives"), bandwidth, latency)
+    return Link(name, bandwidth, latency, per_kind)
+
+
+def _per_collective(ctx: _Ctx, path: str, value: Any, bandwidth: float,
+                    latency: float) -> tuple[tuple[str, float, float], ...]:
+    """``collectives: {all_gather: {bandwidth_GBps: .., latency_us: ..}, ...}``: numbers for
+    particular collectives over this link; a number left out is the link's own."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise ctx.fail(path, f"expected a mapping of collective -> {{bandwidth_GBps, latency_us}}, got {value!r}")
+    out = []
+    for kind in sorted(value, key=str):
+        where = f"{path}.{kind}"
+        if kind not in LINK_COLLECTIVES:
+            raise ctx.fail(where, f"unknown collective; expected one of {', '.join(LINK_COLLECTIVES)}")
+        entry = value[kind]
+        if not isinstance(entry, Mapping):
+            raise ctx.fail(where, f"expected {{bandwidth_GBps: .., latency_us: ..}}, got {entry!r}")
+        _check_keys(ctx, where, entry, _LINK_NUMBER_KEYS)
+        full = dict(entry)
+        if not any(k.startswith("bandwidth") for k in entry):
+            full["bandwidth_Bps"] = bandwidth
+        if not any(k.startswith("latency") for k in entry):
+            full["latency_s"] = latency
+        link = _link(ctx, where, full)
+        out.append((str(kind), link.bandwidth_Bps, link.latency_seconds))
+    return tuple(out)

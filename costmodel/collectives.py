@@ -22,6 +22,10 @@ all_to_all          pairwise (split sizes)               (p-1) a + busiest rank 
 all_to_all          tree (Bruck; named only)             ceil(log2 p) (a + half a rank's bytes / B)
 ==================  ===================================  =========================================
 
+A link may carry its own numbers for particular collectives (:meth:`Link.for_kind`, fitted
+per kind by ``hapc profile``); a variant is priced with the numbers of the library call it is
+made of (:func:`runs_as`).
+
 A flat collective over a group that spans nodes runs at its slowest link
 (:meth:`Cluster.group_link`); in a ring that is exact, since each node's network card
 carries one hop in each direction. The network bandwidth of a cluster file is per node
@@ -93,7 +97,21 @@ def collective_seconds(kind: str, piece_bytes: Sequence[float], cluster: Cluster
     pieces = [float(b) for b in piece_bytes]
     if len(ranks) <= 1 or (max(pieces) <= 0 and not _any(send_matrix)):
         return 0.0
-    return _PRICERS[kind](variant, pieces, cluster, list(ranks), send_matrix)
+    return _PRICERS[kind](variant, pieces, cluster.for_collective(runs_as(kind, variant)), list(ranks), send_matrix)
+
+
+def runs_as(kind: str, variant: str) -> str:
+    """The library call a variant is made of, whose per-collective link numbers price it.
+
+    An all-gather "grouped" is one broadcast per piece and its reduce-scatter dual one reduce
+    per piece; either one "all_to_all" is an ``all_to_all_single`` with split sizes.
+    """
+    if kind in ("all_gather", "reduce_scatter"):
+        if variant == "all_to_all":
+            return "all_to_all"
+        if variant == "grouped":
+            return "broadcast" if kind == "all_gather" else "reduce"
+    return kind
 
 
 def best_variant(kind: str, piece_bytes: Sequence[float], cluster: Cluster,

@@ -80,7 +80,7 @@ def apply_knobs(cluster: Cluster, scales: Mapping[str, float]) -> Cluster:
     bw, lat = scales.get("comm", 1.0), scales.get("latency", 1.0)
 
     def link(lk: Link | None) -> Link | None:
-        return None if lk is None else Link(lk.name, lk.bandwidth_Bps * bw, lk.latency_seconds * lat)
+        return None if lk is None else lk.scaled(bw, lat)
 
     nodes = [Host(h.index, h.devices, link(h.intra_link)) for h in cluster.nodes]
     return replace(cluster, nodes=nodes, network=link(cluster.network), efficiency=eff,
@@ -225,7 +225,12 @@ def _link_entry(old: Any, link: Link) -> dict[str, Any]:
     from profiler.clusterfile import sig
 
     name = old if isinstance(old, str) else (old.get("name") or old.get("type") or link.name)
-    return {"name": name, "bandwidth_GBps": sig(link.bandwidth_Bps / 1e9), "latency_us": sig(link.latency_seconds * 1e6)}
+    out: dict[str, Any] = {"name": name, "bandwidth_GBps": sig(link.bandwidth_Bps / 1e9),
+                           "latency_us": sig(link.latency_seconds * 1e6)}
+    if link.per_kind:
+        out["collectives"] = {k: {"bandwidth_GBps": sig(b / 1e9), "latency_us": sig(t * 1e6)}
+                              for k, b, t in link.per_kind}
+    return out
 
 
 def write_fitted(path: str | Path, scales: Mapping[str, float], note: str = "") -> None:

@@ -102,7 +102,16 @@ def launch_us(result: Mapping[str, Any]) -> float:
 
 
 def link_fields(fit: LinkFit, name: str) -> dict[str, Any]:
-    return {"name": name, "bandwidth_GBps": sig(fit.bandwidth_Bps / 1e9), "latency_us": sig(fit.latency_seconds * 1e6)}
+    return {"name": name, **link_numbers(fit)}
+
+
+def link_numbers(fit: LinkFit) -> dict[str, Any]:
+    """The cluster-file numbers of a fitted link: its joint alpha-beta and each kind's own."""
+    out: dict[str, Any] = {"bandwidth_GBps": sig(fit.bandwidth_Bps / 1e9), "latency_us": sig(fit.latency_seconds * 1e6)}
+    if fit.per_kind:
+        out["collectives"] = {k: {"bandwidth_GBps": sig(bw / 1e9), "latency_us": sig(a * 1e6)}
+                              for k, (a, bw) in sorted(fit.per_kind.items())}
+    return out
 
 
 def link_name(device_type: str) -> str:
@@ -203,8 +212,8 @@ def _merged_link(old: Any, fit: LinkFit) -> dict[str, Any]:
     if isinstance(old, str):
         out: dict[str, Any] = {"name": old}
     else:
-        out = {k: v for k, v in dict(old).items() if k not in _LINK_NUMBER_KEYS and k != "type"}
+        out = {k: v for k, v in dict(old).items() if k not in _LINK_NUMBER_KEYS and k not in ("type", "collectives")}
         if "name" not in out and "type" in old:
             out["name"] = old["type"]
-    out.update({"bandwidth_GBps": sig(fit.bandwidth_Bps / 1e9), "latency_us": sig(fit.latency_seconds * 1e6)})
+    out.update(link_numbers(fit))
     return out

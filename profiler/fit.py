@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import nnls
@@ -36,16 +36,25 @@ _HUGE_BANDWIDTH_BPS = 1e30
 
 @dataclass(frozen=True)
 class LinkFit:
-    """A fitted link: ``latency_seconds`` (alpha), ``bandwidth_Bps`` (1/beta) and how well it fits."""
+    """A fitted link: ``latency_seconds`` (alpha), ``bandwidth_Bps`` (1/beta) over all kinds,
+    each measured kind's own (alpha, 1/beta) in ``per_kind``, and how well they fit.
+
+    ``median_rel_error`` and ``per_kind_rel_error`` are those of the per-kind numbers (what
+    the cost model prices with); ``joint_rel_error`` is what one (alpha, beta) for every kind
+    would leave, which says how much the per-kind numbers matter on this link.
+    """
 
     latency_seconds: float
     bandwidth_Bps: float
     median_rel_error: float
     per_kind_rel_error: dict[str, float]
     samples: int
+    per_kind: dict[str, tuple[float, float]] = field(default_factory=dict)   # kind -> (alpha, bandwidth)
+    joint_rel_error: float = float("nan")
 
     def as_link(self, name: str) -> Link:
-        return Link(name, self.bandwidth_Bps, self.latency_seconds)
+        kinds = tuple((k, bw, a) for k, (a, bw) in sorted(self.per_kind.items()))
+        return Link(name, self.bandwidth_Bps, self.latency_seconds, kinds)
 
 
 def _one_link_cluster(p: int, latency_seconds: float, bandwidth_Bps: float) -> Cluster:
@@ -67,28 +76,45 @@ def predicted_seconds(sample: CommSample, latency_seconds: float, bandwidth_Bps:
     return steps * latency_seconds + nbytes / bandwidth_Bps
 
 
-def fit_link(samples: Sequence[CommSample]) -> LinkFit:
-    """Least-squares alpha and beta (both >= 0) over the samples, relative errors weighted alike."""
-    rows, target = [], []
+def _nnls_alpha_beta(samples: Sequence[CommSample]) -> tuple[float, float]:
+    """Least-squares (alpha, beta) >= 0 on relative errors; beta 0 means no bandwidth term fit."""
+    rows = []
     for s in samples:
-        if s.seconds <= 0 or s.ranks < 2:
-            continue
         steps, nbytes = coefficients(s.kind, s.ranks, s.piece_bytes)
         rows.append([steps / s.seconds, nbytes / s.seconds])
-        target.append(1.0)
-    if len(rows) < 2:
-        raise ValueError(f"need at least two collective timings to fit a link, got {len(rows)}")
     a = np.asarray(rows)
     scale = a.max(axis=0)
     scale[scale == 0] = 1.0
-    (alpha_scaled, beta_scaled), _ = nnls(a / scale, np.asarray(target))
-    alpha, beta = alpha_scaled / scale[0], beta_scaled / scale[1]
+    (alpha_scaled, beta_scaled), _ = nnls(a / scale, np.ones(len(rows)))
+    return float(alpha_scaled / scale[0]), float(beta_scaled / scale[1])
+
+
+def fit_link(samples: Sequence[CommSample]) -> LinkFit:
+    """Alpha and beta (both >= 0) over all samples, and per kind measured at two sizes or more.
+
+    A kind whose own fit finds no bandwidth term (all its sizes latency-bound) keeps the
+    joint bandwidth and gets its own latency; one whose fit finds no latency term keeps zero.
+    """
+    usable = [s for s in samples if s.seconds > 0 and s.ranks >= 2]
+    if len(usable) < 2:
+        raise ValueError(f"need at least two collective timings to fit a link, got {len(usable)}")
+    alpha, beta = _nnls_alpha_beta(usable)
     bandwidth = 1.0 / beta if beta > 0 else _HUGE_BANDWIDTH_BPS
+    by_kind: dict[str, list[CommSample]] = {}
+    for s in usable:
+        by_kind.setdefault(s.kind, []).append(s)
+    per_kind: dict[str, tuple[float, float]] = {}
+    for kind, mine in sorted(by_kind.items()):
+        if len({s.piece_bytes for s in mine}) < 2:
+            continue
+        a_k, b_k = _nnls_alpha_beta(mine)
+        per_kind[kind] = (a_k, 1.0 / b_k if b_k > 0 else bandwidth)
+    joint: list[float] = []
     errors: dict[str, list[float]] = {}
-    for s in samples:
-        if s.seconds > 0 and s.ranks >= 2:
-            err = abs(predicted_seconds(s, alpha, bandwidth) - s.seconds) / s.seconds
-            errors.setdefault(s.kind, []).append(err)
+    for s in usable:
+        joint.append(abs(predicted_seconds(s, alpha, bandwidth) - s.seconds) / s.seconds)
+        a_k, bw_k = per_kind.get(s.kind, (alpha, bandwidth))
+        errors.setdefault(s.kind, []).append(abs(predicted_seconds(s, a_k, bw_k) - s.seconds) / s.seconds)
     every = [e for errs in errors.values() for e in errs]
-    return LinkFit(float(alpha), float(bandwidth), statistics.median(every),
-                   {k: statistics.median(v) for k, v in errors.items()}, len(every))
+    return LinkFit(alpha, bandwidth, statistics.median(every), {k: statistics.median(v) for k, v in errors.items()},
+                   len(every), per_kind, statistics.median(joint))

@@ -127,7 +127,8 @@ def _fit(samples: list[CommSample], link: str, say: Callable[[str], None]) -> Li
         return None
     fit = fit_link(mine)
     say(f"{link} link: latency {fit.latency_seconds * 1e6:.1f} us, bandwidth {fit.bandwidth_Bps / 1e9:.3g} GB/s "
-        f"(median fit error {fit.median_rel_error * 100:.0f}% over {fit.samples} timings)")
+        f"joint; per collective median fit error {fit.median_rel_error * 100:.0f}% over {fit.samples} timings, "
+        f"{fit.joint_rel_error * 100:.0f}% with the joint numbers alone)")
     return fit
 
 
@@ -159,8 +160,9 @@ def _header(raw: dict, intra: LinkFit | None, network: LinkFit | None, merged: A
     for label, fit in (("intra-node link", intra), ("network", network)):
         if fit is not None:
             kinds = ", ".join(f"{k} {v * 100:.0f}%" for k, v in sorted(fit.per_kind_rel_error.items()))
-            lines.append(f"# {label}: alpha-beta fit over {fit.samples} collective timings, median error "
-                         f"{fit.median_rel_error * 100:.0f}% ({kinds}).")
+            lines.append(f"# {label}: alpha-beta fit per collective over {fit.samples} timings, median error "
+                         f"{fit.median_rel_error * 100:.0f}% ({kinds}); one alpha-beta for all: "
+                         f"{fit.joint_rel_error * 100:.0f}%.")
     for what, why in sorted(raw.get("skipped_collectives", {}).items()):
         lines.append(f"# not measured: {what} ({why})")
     skipped = {dt: why for r in raw["ranks"] for dt, why in r["device"].get("skipped", {}).items()}
@@ -183,7 +185,9 @@ def format_summary(result: ProfileResult) -> str:
     for label, fit in (("intra-node", result.intra), ("network", result.network)):
         if fit is not None:
             lines.append(f"{label} link: {fit.bandwidth_Bps / 1e9:.3g} GB/s, {fit.latency_seconds * 1e6:.1f} us "
-                         f"(median fit error {fit.median_rel_error * 100:.0f}%)")
+                         f"joint; per collective: " + ", ".join(
+                             f"{k} {bw / 1e9:.3g} GB/s {a * 1e6:.0f} us" for k, (a, bw) in sorted(fit.per_kind.items()))
+                         + f" (median fit error {fit.median_rel_error * 100:.0f}%)")
     eff = result.data.get("efficiency", {})
     if eff:
         lines.append("efficiency: " + ", ".join(f"{k} {v:.3g}" for k, v in eff.items()))

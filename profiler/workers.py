@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from hapc.runtime.collectives import keep_freed_memory
 from profiler.comm import measure_collectives
 from profiler.device import measure_device
 from profiler.opclass_bench import measure_classes
@@ -78,6 +79,7 @@ def run_rank(config: WorkerConfig) -> dict | None:
         dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(seconds=300))
     else:
         device = torch.device("cpu")
+        keep_freed_memory()        # as emitted programs run on CPU: measure what they will see
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     try:
         return _measure(device, config)

@@ -95,6 +95,26 @@ def test_fit_link_with_noise_stays_close():
     assert fitted.median_rel_error < 0.1
 
 
+def test_fit_link_fits_each_collective_on_its_own():
+    own = {"all_reduce": (300e-6, 1.0e9), "all_gather": (80e-6, 0.6e9), "reduce_scatter": (900e-6, 0.3e9),
+           "all_to_all": (50e-6, 0.7e9), "broadcast": (30e-6, 2.6e9)}
+    samples = [CommSample(s.link, s.kind, s.ranks, s.piece_bytes, predicted_seconds(s, *own[s.kind]))
+               for s in _samples(1e-5, 1e9)]
+    fitted = fit_link(samples)
+    for kind, (alpha, bandwidth) in own.items():
+        assert fitted.per_kind[kind][0] == pytest.approx(alpha, rel=1e-6)
+        assert fitted.per_kind[kind][1] == pytest.approx(bandwidth, rel=1e-6)
+    assert fitted.median_rel_error < 1e-6 < 0.1 < fitted.joint_rel_error      # one alpha-beta cannot fit all
+    link = fitted.as_link("gloo")
+    assert link.for_kind("reduce_scatter").bandwidth_Bps == pytest.approx(0.3e9, rel=1e-6)
+    data = build_cluster(_raw([_device(50.0)] * 2), fitted, None, "two")
+    entry = data["nodes"][0]["intra_link"]["collectives"]
+    assert entry["reduce_scatter"] == {"bandwidth_GBps": pytest.approx(0.3, rel=1e-3),
+                                       "latency_us": pytest.approx(900, rel=1e-3)}
+    cluster = parse_cluster(data)
+    assert cluster.nodes[0].intra_link.for_kind("broadcast").bandwidth_Bps == pytest.approx(2.6e9, rel=1e-3)
+
+
 def test_fit_link_needs_two_timings():
     with pytest.raises(ValueError):
         fit_link(_samples(1e-5, 1e9)[:1])
@@ -257,8 +277,8 @@ def _synthetic_runs():
     comm = [0.02, 0.06, 0.01, 0.00, 0.05, 0.03]
 
     def predict(scales):
-        c, l, b = scales.get("compute", 1.0), scales.get("launch", 1.0), scales.get("comm", 1.0)
-        return [x / c + y * l + z / b for x, y, z in zip(compute, overhead, comm)]
+        c, lat, b = scales.get("compute", 1.0), scales.get("launch", 1.0), scales.get("comm", 1.0)
+        return [x / c + y * lat + z / b for x, y, z in zip(compute, overhead, comm)]
 
     return predict
 
@@ -299,6 +319,12 @@ def test_apply_knobs_scales_the_right_numbers():
     assert tuned.launch_latency_seconds == pytest.approx(cluster.launch_latency_seconds * 3.0)
     assert tuned.nodes[0].intra_link.bandwidth_Bps == pytest.approx(cluster.nodes[0].intra_link.bandwidth_Bps * 4)
     assert tuned.nodes[0].intra_link.latency_seconds == pytest.approx(cluster.nodes[0].intra_link.latency_seconds / 10)
+    per_kind = {**yaml.safe_load((CLUSTERS / "small-mixed.yaml").read_text())}
+    per_kind["nodes"][0]["intra_link"] = {"bandwidth_GBps": 2, "latency_us": 100,
+                                          "collectives": {"all_gather": {"bandwidth_GBps": 1, "latency_us": 50}}}
+    tuned = apply_knobs(parse_cluster(per_kind), {"comm": 4.0, "latency": 0.1})
+    assert tuned.nodes[0].intra_link.for_kind("all_gather").bandwidth_Bps == pytest.approx(4e9)
+    assert tuned.nodes[0].intra_link.for_kind("all_gather").latency_seconds == pytest.approx(5e-6)
     assert cluster.efficiency["matmul"] == load_cluster(CLUSTERS / "small-mixed.yaml").efficiency["matmul"]
 
 
@@ -400,3 +426,14 @@ def test_op_costs_are_counted_as_the_tracer_counts():
         got = op_cost(fn, inputs)
         assert (got.fwd_flops, got.bwd_flops, got.fwd_bytes, got.bwd_bytes) == \
             (want.fwd_flops, want.bwd_flops, want.fwd_bytes, want.bwd_bytes), bench.label
+
+
+def test_keep_freed_memory_can_be_turned_off(monkeypatch):
+    from hapc.runtime.collectives import keep_freed_memory
+
+    monkeypatch.setenv("HAPC_SYSTEM_MALLOC", "1")
+    assert keep_freed_memory() is False
+    monkeypatch.delenv("HAPC_SYSTEM_MALLOC")
+    import platform
+
+    assert keep_freed_memory() is (platform.libc_ver()[0] == "glibc")

@@ -337,6 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dist.init_process_group("nccl", device_id=device)
     else:
         device = torch.device("cpu")
+        C.keep_freed_memory()     # large CPU tensors reuse freed memory instead of faulting pages in
         dist.init_process_group("gloo")
 
     def synchronize() -> None:

@@ -12,7 +12,7 @@ from hapc.ir.graph import Graph, Node
 from hapc.ir.layout import P, R, Shard
 from hapc.ir.program import Strategy
 from hapc.rules.registry import Sample, register
-from hapc.rules.samples import I, T
+from hapc.rules.samples import Ids, T
 
 
 def _arg(node: Node, pos: int, name: str, default):
@@ -22,7 +22,7 @@ def _arg(node: Node, pos: int, name: str, default):
 
 
 @register("aten.embedding.default",
-          samples=lambda: [Sample((T(11, 6), I(11, 5, 7))), Sample((T(11, 6), I(11, 7)))])
+          samples=lambda: [Sample((T(11, 6), Ids(11, 5, 7))), Sample((T(11, 6), Ids(11, 7)))])
 def embedding_rule(node: Node, graph: Graph) -> list[Strategy]:
     weight, ids = node.input_refs()[:2]
     vocab, hidden = graph.meta(weight).shape

@@ -22,7 +22,7 @@ from hapc.ir.graph import Graph, Node, Ref
 from hapc.ir.layout import Layout, P, R, Shard
 from hapc.ir.program import Strategy
 from hapc.rules.registry import Sample, register
-from hapc.rules.samples import I, T
+from hapc.rules.samples import Ids, T
 from hapc.rules.spec import normalize_dim, partial_strategies
 
 INT_MAX = 9223372036854775807
@@ -153,8 +153,8 @@ def select_rule(node: Node, graph: Graph) -> list[Strategy]:
 
 # --- index_select, gather, index ---------------------------------------------------------------
 
-@register("aten.index_select.default", samples=lambda: [Sample((T(4, 11, 7), 1, I(11, 5))),
-                                                        Sample((T(11, 7), 0, I(11, 8)))])
+@register("aten.index_select.default", samples=lambda: [Sample((T(4, 11, 7), 1, Ids(11, 5))),
+                                                        Sample((T(11, 7), 0, Ids(11, 8)))])
 def index_select_rule(node: Node, graph: Graph) -> list[Strategy]:
     """Shard the source on any other dim, or the (1-D) index with the source replicated."""
     x, index = node.input_refs()
@@ -169,9 +169,9 @@ def index_select_rule(node: Node, graph: Graph) -> list[Strategy]:
     return found + [Strategy((P, R), (P,))]
 
 
-@register("aten.gather.default", samples=lambda: [Sample((T(4, 11, 7), 1, I(4, 4, 6, 7))),
-                                                  Sample((T(5, 7), 0, I(5, 8, 3))),
-                                                  Sample((T(5, 7), 1, I(7, 5, 7)))])
+@register("aten.gather.default", samples=lambda: [Sample((T(4, 11, 7), 1, Ids(4, 4, 6, 7))),
+                                                  Sample((T(5, 7), 0, Ids(5, 8, 3))),
+                                                  Sample((T(5, 7), 1, Ids(7, 5, 7)))])
 def gather_rule(node: Node, graph: Graph) -> list[Strategy]:
     """``out[i][j] = x[i][index[i][j]]`` (dim 1): along the gathered dim the index may be
     sharded with the source replicated; along another dim both are sharded alike, which lines
@@ -200,11 +200,11 @@ def _broadcast_shape(shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
 
 
 @register("aten.index.Tensor", samples=lambda: [
-    Sample((T(11, 7), [I(11, 5)])),                       # x[idx]: rows picked by ids
-    Sample((T(4, 11, 7), [None, I(11, 5)])),              # x[:, idx]
-    Sample((T(4, 11, 7), [I(4, 5), I(11, 5)])),           # two index tensors, broadcast together
-    Sample((T(4, 11, 7), [I(4, 5, 1), None, I(7, 1, 6)])),  # non-adjacent: index dims go first
-    Sample((T(4, 11, 7), [None, I(11, 1, 3), I(7, 5, 1)]))])  # adjacent, broadcast index shapes
+    Sample((T(11, 7), [Ids(11, 5)])),                       # x[idx]: rows picked by ids
+    Sample((T(4, 11, 7), [None, Ids(11, 5)])),              # x[:, idx]
+    Sample((T(4, 11, 7), [Ids(4, 5), Ids(11, 5)])),           # two index tensors, broadcast together
+    Sample((T(4, 11, 7), [Ids(4, 5, 1), None, Ids(7, 1, 6)])),  # non-adjacent: index dims go first
+    Sample((T(4, 11, 7), [None, Ids(11, 1, 3), Ids(7, 5, 1)]))])  # adjacent, broadcast index shapes
 def index_rule(node: Node, graph: Graph) -> list[Strategy]:
     """``x[i0, i1, ...]``: the indexed dims of ``x`` are replaced by the broadcast shape of the
     index tensors (in place when the indexed dims are adjacent, in front otherwise).

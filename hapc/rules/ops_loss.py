@@ -17,7 +17,7 @@ from hapc.ir.graph import Graph, Node, Ref
 from hapc.ir.layout import Layout, P, R, Shard
 from hapc.ir.program import Strategy
 from hapc.rules.registry import Sample, register, register_spec
-from hapc.rules.samples import I, T
+from hapc.rules.samples import Ids, T
 
 MEAN, SUM, NONE = 1, 2, 0
 
@@ -67,13 +67,13 @@ def _class_target_loss(node: Node, graph: Graph, *, smoothing_pos: int | None) -
 
 
 @register("aten.cross_entropy_loss.default", samples=lambda: [
-    Sample((T(7, 11), I(11, 7))),
+    Sample((T(7, 11), Ids(11, 7))),
     Sample((T(7, 11), torch.tensor([1, -100, 3, 4, -100, 0, 10]))),
-    Sample((T(7, 11), I(11, 7), T(11).abs(), SUM), frozen=(2,)),
-    Sample((T(7, 11), I(11, 7), None, NONE)),
-    Sample((T(7, 11), I(11, 7), T(11).abs(), MEAN, -100, 0.0), frozen=(2,)),
-    Sample((T(7, 11), I(11, 7), None, MEAN, -100, 0.1)),
-    Sample((T(5, 11, 4), I(11, 5, 4))),
+    Sample((T(7, 11), Ids(11, 7), T(11).abs(), SUM), frozen=(2,)),
+    Sample((T(7, 11), Ids(11, 7), None, NONE)),
+    Sample((T(7, 11), Ids(11, 7), T(11).abs(), MEAN, -100, 0.0), frozen=(2,)),
+    Sample((T(7, 11), Ids(11, 7), None, MEAN, -100, 0.1)),
+    Sample((T(5, 11, 4), Ids(11, 5, 4))),
     Sample((T(7, 11), T(7, 11).softmax(-1))),
 ])
 def cross_entropy_rule(node: Node, graph: Graph) -> list[Strategy]:
@@ -81,10 +81,10 @@ def cross_entropy_rule(node: Node, graph: Graph) -> list[Strategy]:
 
 
 @register(["aten.nll_loss_nd.default", "aten.nll_loss.default"], samples=lambda: [
-    Sample((T(7, 11).log_softmax(-1), I(11, 7), None, MEAN, -100)),
+    Sample((T(7, 11).log_softmax(-1), Ids(11, 7), None, MEAN, -100)),
     Sample((T(7, 11).log_softmax(-1), torch.tensor([1, -100, 3, 4, -100, 0, 10]), None, MEAN, -100)),
-    Sample((T(7, 11).log_softmax(-1), I(11, 7), T(11).abs(), SUM, -100), frozen=(2,)),
-    Sample((T(7, 11).log_softmax(-1), I(11, 7), T(11).abs(), MEAN, -100), frozen=(2,)),
+    Sample((T(7, 11).log_softmax(-1), Ids(11, 7), T(11).abs(), SUM, -100), frozen=(2,)),
+    Sample((T(7, 11).log_softmax(-1), Ids(11, 7), T(11).abs(), MEAN, -100), frozen=(2,)),
 ])
 def nll_loss_rule(node: Node, graph: Graph) -> list[Strategy]:
     return _class_target_loss(node, graph, smoothing_pos=None)

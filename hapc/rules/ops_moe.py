@@ -25,7 +25,7 @@ from hapc.ir.layout import Layout, P, R, Shard
 from hapc.ir.program import Strategy
 from hapc.rules.ops_conv import arg
 from hapc.rules.registry import Sample, register, register_spec
-from hapc.rules.samples import I, T
+from hapc.rules.samples import Ids, T
 from hapc.rules.spec import normalize_dim
 
 _gen = torch.Generator().manual_seed(4321)
@@ -58,11 +58,11 @@ register_spec("aten.sort.default", lambda n, g: along_dim_strategies(n, g, arg(n
               samples=lambda: [Sample((T(5, 7),)), Sample((T(7, 5, 4), 1, True))])
 register_spec("aten.sort.stable", lambda n, g: along_dim_strategies(n, g, arg(n, None, "dim", -1)),
               samples=lambda: [Sample((T(5, 7),), {"stable": True}),
-                               Sample((I(3, 7, 5),), {"stable": True, "dim": 0, "descending": True})])
+                               Sample((Ids(3, 7, 5),), {"stable": True, "dim": 0, "descending": True})])
 register_spec("aten.argsort.default", lambda n, g: along_dim_strategies(n, g, arg(n, 1, "dim", -1)),
               samples=lambda: [Sample((T(5, 7),)), Sample((T(7, 5, 4), 0, True))])
 register_spec("aten.argsort.stable", lambda n, g: along_dim_strategies(n, g, arg(n, None, "dim", -1)),
-              samples=lambda: [Sample((I(3, 5, 7),), {"stable": True, "dim": 1})])
+              samples=lambda: [Sample((Ids(3, 5, 7),), {"stable": True, "dim": 1})])
 
 
 def _extreme_rule(node: Node, graph: Graph) -> list[Strategy]:
@@ -79,8 +79,8 @@ register_spec(["aten.argmax.default", "aten.argmin.default"], _extreme_rule,
 # --- cumulative sums -----------------------------------------------------------------------
 
 @register("aten.cumsum.default", samples=lambda: [
-    Sample((T(7, 5), 0)), Sample((T(5, 7, 4), -2)), Sample((I(2, 10, 4), 0)),
-    Sample((I(3, 10, 4), 0), {"dtype": torch.float64})])
+    Sample((T(7, 5), 0)), Sample((T(5, 7, 4), -2)), Sample((Ids(2, 10, 4), 0)),
+    Sample((Ids(3, 10, 4), 0), {"dtype": torch.float64})])
 def cumsum_rule(node: Node, graph: Graph) -> list[Strategy]:
     """Other dims shard freely; the scanned dim shards through an exclusive scan of the
     pieces' totals (one all-reduce). cumsum is linear, so Partial passes through."""
@@ -100,8 +100,8 @@ register_spec("aten.cumprod.default", lambda n, g: along_dim_strategies(n, g, ar
 
 # --- one-hot masks and histograms ----------------------------------------------------------
 
-@register("aten.one_hot.default", samples=lambda: [Sample((I(5, 7, 4), 5)), Sample((I(8, 10), 8)),
-                                                  Sample((I(4, 5, 2, 7), 4))])
+@register("aten.one_hot.default", samples=lambda: [Sample((Ids(5, 7, 4), 5)), Sample((Ids(8, 10), 8)),
+                                                  Sample((Ids(4, 5, 2, 7), 4))])
 def one_hot_rule(node: Node, graph: Graph) -> list[Strategy]:
     """Every id dim maps to the same output dim; the class dim shards from replicated ids."""
     shape = graph.meta(node.input_refs()[0]).shape
@@ -179,17 +179,17 @@ register_spec("aten.scatter.src",
 register_spec("aten.scatter.value",
               lambda n, g: _scatter_strategies(n, g, 1, None, "scatter_into_piece", False, False),
               samples=lambda: [Sample((T(5, 7), 1, _perm_index(5, 7, 2), 1.5)),
-                               Sample((T(7, 5), 0, I(7, 3, 5), 0.0))])
+                               Sample((T(7, 5), 0, Ids(7, 3, 5), 0.0))])
 register_spec("aten.scatter_add.default",
               lambda n, g: _scatter_strategies(n, g, 1, 2, "scatter_add_into_piece", True, True),
-              samples=lambda: [Sample((T(7,), 0, I(7, 10), T(10))),
-                               Sample((T(7, 5), 0, I(7, 10, 5), T(10, 5))),
-                               Sample((T(5, 7), 1, I(7, 5, 4), T(5, 4)))])
+              samples=lambda: [Sample((T(7,), 0, Ids(7, 10), T(10))),
+                               Sample((T(7, 5), 0, Ids(7, 10, 5), T(10, 5))),
+                               Sample((T(5, 7), 1, Ids(7, 5, 4), T(5, 4)))])
 
 
 @register("aten.scatter_reduce.two", samples=lambda: [
-    Sample((T(7, 5), 0, I(7, 10, 5), T(10, 5), "sum")),
-    Sample((T(7, 5), 0, I(7, 10, 5), T(10, 5), "mean"), {"include_self": False}),
+    Sample((T(7, 5), 0, Ids(7, 10, 5), T(10, 5), "sum")),
+    Sample((T(7, 5), 0, Ids(7, 10, 5), T(10, 5), "mean"), {"include_self": False}),
     Sample((T(5, 7), 1, _perm_index(5, 7, 3), T(5, 3), "amax"))])
 def scatter_reduce_rule(node: Node, graph: Graph) -> list[Strategy]:
     """sum and mean are linear (Partial passes); sharded tokens sum into a Partial only when
@@ -202,6 +202,6 @@ def scatter_reduce_rule(node: Node, graph: Graph) -> list[Strategy]:
 
 register_spec("aten.index_add.default",
               lambda n, g: _scatter_strategies(n, g, 1, 2, "index_add_into_piece", True, True),
-              samples=lambda: [Sample((T(7, 5), 0, I(7, 10), T(10, 5))),
-                               Sample((T(5, 7), 1, I(7, 4), T(5, 4)), {"alpha": 2.0}),
-                               Sample((T(7,), 0, I(7, 10), T(10)))])
+              samples=lambda: [Sample((T(7, 5), 0, Ids(7, 10), T(10, 5))),
+                               Sample((T(5, 7), 1, Ids(7, 4), T(5, 4)), {"alpha": 2.0}),
+                               Sample((T(7,), 0, Ids(7, 10), T(10)))])

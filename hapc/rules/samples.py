@@ -17,7 +17,7 @@ def Pos(*shape: int) -> torch.Tensor:
     return torch.rand(shape, generator=_gen, dtype=torch.float64) + 0.5
 
 
-def I(high: int, *shape: int) -> torch.Tensor:
+def Ids(high: int, *shape: int) -> torch.Tensor:
     """Random integer ids in ``[0, high)``."""
     return torch.randint(0, high, shape, generator=_gen)
 

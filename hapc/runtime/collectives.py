@@ -547,3 +547,31 @@ class GradSync:
                 offset += n
         self._launched = []
         self._ready = [0] * len(self.buckets)
+
+
+# ---- host memory -------------------------------------------------------------------------------
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4       # glibc mallopt parameters (malloc.h)
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc keep freed memory for reuse instead of returning it to the system.
+
+    By default glibc serves every allocation above its mmap threshold (at most 32 MB) with a
+    fresh ``mmap`` and unmaps it on free, so each large activation, gradient or collective
+    buffer of a training step is faulted in page by page again: on the 2-core VM this
+    project is measured on, writing a fresh 100 MB tensor ran at 2 GB/s instead of 10, and
+    a 512x256x50000 matmul at 34 instead of 47 GFLOPS. CPU training guides fix this with
+    jemalloc or tcmalloc; glibc's own ``mallopt`` does the same (no mmap, no trimming) with
+    nothing to install. GPU tensors are unaffected. Returns whether it took effect (False
+    off glibc, or with ``HAPC_SYSTEM_MALLOC=1`` set, to measure without it).
+    """
+    if os.environ.get("HAPC_SYSTEM_MALLOC") == "1":
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+    except (OSError, AttributeError):
+        return False

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from costmodel import load_cluster
+from costmodel.cluster import Link
 from costmodel.catalog import device_names, device_spec, link_spec
 from hapc.errors import UserError
 
@@ -116,6 +118,12 @@ BAD = {
     "typo_field": ("nodes:\n  - devices: [{type: T4, cuont: 1}]\n", "nodes[0].devices[0].cuont", "unknown field"),
     "unknown_link": ("nodes:\n  - devices: [{type: T4, count: 2}]\n    intra_link: nvlink9\n",
                      "nodes[0].intra_link", "unknown link"),
+    "unknown_collective": ("nodes:\n  - devices: [{type: T4, count: 2}]\n    intra_link: {bandwidth_GBps: 5, "
+                           "collectives: {allreduce: {latency_us: 3}}}\n",
+                           "nodes[0].intra_link.collectives.allreduce", "unknown collective"),
+    "collective_bare_number": ("nodes:\n  - devices: [{type: T4, count: 2}]\n    intra_link: {bandwidth_GBps: 5, "
+                               "collectives: {broadcast: 3}}\n",
+                               "nodes[0].intra_link.collectives.broadcast", "bandwidth_GBps"),
     "bad_efficiency": ("nodes:\n  - devices: [{type: T4, count: 1}]\nefficiency: {matmul: 1.5}\n",
                        "efficiency.matmul", "(0, 1]"),
 }
@@ -151,3 +159,25 @@ def test_dict_errors_name_a_placeholder_file():
     with pytest.raises(UserError, match=r"^<cluster dict>: nodes\[0\]\.devices\[0\]\.count"):
         load_cluster({"nodes": [{"devices": [{"type": "T4", "count": 0}]}]})
 
+
+
+def test_per_collective_link_numbers_load_default_and_round_trip():
+    text = ("nodes:\n  - devices: [{type: T4, count: 2}]\n    intra_link: {name: gloo, bandwidth_GBps: 2, "
+            "latency_us: 100, collectives: {reduce_scatter: {bandwidth_GBps: 0.5, latency_us: 900}, "
+            "broadcast: {latency_us: 40}}}\n")
+    cluster = load_cluster(yaml.safe_load(text))
+    link = cluster.nodes[0].intra_link
+    assert link.for_kind("reduce_scatter").bandwidth_Bps == pytest.approx(0.5e9)
+    assert link.for_kind("reduce_scatter").latency_seconds == pytest.approx(900e-6)
+    assert link.for_kind("broadcast").bandwidth_Bps == pytest.approx(2e9)      # the link's own bandwidth
+    assert link.for_kind("broadcast").latency_seconds == pytest.approx(40e-6)
+    assert link.for_kind("all_reduce") == Link("gloo", link.bandwidth_Bps, link.latency_seconds)
+    assert load_cluster(cluster.to_dict()) == cluster
+    scaled = link.scaled(bandwidth=2.0, latency=0.5)
+    assert scaled.for_kind("reduce_scatter").bandwidth_Bps == pytest.approx(1e9)
+    assert scaled.for_kind("reduce_scatter").latency_seconds == pytest.approx(450e-6)
+    view = cluster.for_collective("reduce_scatter")
+    assert view.nodes[0].intra_link.bandwidth_Bps == pytest.approx(0.5e9) and not view.nodes[0].intra_link.per_kind
+    assert cluster.for_collective("reduce_scatter") is view                      # built once
+    plain = load_cluster(ROOT / "configs" / "clusters" / "small-mixed.yaml")
+    assert plain.for_collective("all_gather") is plain

@@ -126,3 +126,25 @@ def test_bad_requests_are_refused():
         collective_seconds("gather_all", [1] * 4, FOUR)
     with pytest.raises(ValueError, match="piece sizes"):
         collective_seconds("all_reduce", [1] * 3, FOUR, ranks=[0, 1])
+
+
+def test_per_collective_link_numbers_price_each_kind_and_the_calls_variants_are_made_of():
+    data = custom_cluster(devices=((1, 10, 100),) * 4, bandwidth_GBps=10, latency_us=10)
+    data["nodes"][0]["intra_link"]["collectives"] = {
+        "reduce_scatter": {"bandwidth_GBps": 2.5, "latency_us": 40},
+        "broadcast": {"bandwidth_GBps": 20},
+        "all_to_all": {"latency_us": 1}}
+    cluster = load_cluster(data)
+    pieces = [4e8, 3e8, 2e8, 1e8]
+    # all-gather ring has no numbers of its own: the link's; reduce-scatter ring: its own
+    assert collective_seconds("all_gather", pieces, cluster, variant="ring") == pytest.approx(3 * A + 3 * 4e8 / BW)
+    assert collective_seconds("reduce_scatter", pieces, cluster, variant="ring") == \
+        pytest.approx(3 * 40e-6 + 3 * 4e8 / 2.5e9)
+    # a grouped all-gather is broadcasts, an all_to_all form is all_to_all_single
+    assert collective_seconds("all_gather", pieces, cluster, variant="grouped") == \
+        pytest.approx(4 * 3 * A + 1e9 / 20e9)
+    assert collective_seconds("reduce_scatter", pieces, cluster, variant="all_to_all") == \
+        pytest.approx(3 * 1e-6 + 1.2e9 / BW)
+    # the slow reduce-scatter makes its all_to_all form the cheapest, as best_variant sees it
+    assert best_variant("reduce_scatter", [1e8] * 4, cluster)[0] == "all_to_all"
+    assert best_variant("reduce_scatter", [1e8] * 4, FOUR)[0] == "ring"
