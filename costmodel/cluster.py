@@ -94,7 +94,10 @@ class Cluster:
     ``efficiency`` holds one fraction-of-peak per op class (see :mod:`costmodel.opclass`);
     ``allow_tf32`` lets fp32 products use the TF32 peak (PyTorch's default is off for
     matmuls, so the default here is off too); ``launch_latency_seconds`` is the fixed cost
-    of one kernel launch.
+    of one kernel launch. ``comm_overlap`` is the fraction of an asynchronous collective's
+    time that compute on the same devices can hide: about 1 where communication has its own
+    engines (NCCL on GPUs), about 0 where it runs on the cores that compute (gloo on a CPU
+    rank with one core); ``hapc profile`` measures it.
     """
 
     devices: list[Device]
@@ -104,6 +107,7 @@ class Cluster:
     name: str = ""
     allow_tf32: bool = False
     launch_latency_seconds: float = 5e-6
+    comm_overlap: float = 1.0
     source: str = field(default="", compare=False)
     _kind_views: dict[str, Cluster] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -244,6 +248,7 @@ class Cluster:
         out["efficiency"] = dict(self.efficiency)
         out["allow_tf32"] = self.allow_tf32
         out["launch_latency_s"] = self.launch_latency_seconds
+        out["comm_overlap"] = self.comm_overlap
         return out
 
 

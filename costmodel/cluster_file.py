@@ -9,7 +9,8 @@ communication cost, the kind HAP's released model made.
 
 Optional top-level keys: ``name``; ``efficiency`` (fraction of peak per op class, see
 :mod:`costmodel.opclass`; the profiler writes measured ones); ``allow_tf32`` (price fp32
-products at the TF32 peak); ``launch_latency_us`` (one kernel launch, default 5). A node
+products at the TF32 peak); ``launch_latency_us`` (one kernel launch, default 5);
+``comm_overlap`` (the fraction of asynchronous communication compute can hide, default 1). A node
 holding several devices needs its ``intra_link``; a cluster of several nodes its ``network``
 (bandwidth per node, i.e. one network card shared by the node's devices). A link given by
 bandwidth alone gets a 10 us latency. A link may add ``collectives: {reduce_scatter:
@@ -37,7 +38,8 @@ from hapc.errors import UserError
 DEFAULT_LINK_LATENCY_US = 10.0     # for a link given by bandwidth alone
 DEFAULT_LAUNCH_LATENCY_US = 5.0    # one kernel launch (CUDA); a cluster file may override
 
-_TOP_KEYS = ("name", "nodes", "network", "efficiency", "allow_tf32", "launch_latency_us", "launch_latency_s")
+_TOP_KEYS = ("name", "nodes", "network", "efficiency", "allow_tf32", "launch_latency_us", "launch_latency_s",
+             "comm_overlap")
 _NODE_KEYS = ("count", "devices", "intra_link", "name")
 _DEVICE_KEYS = ("type", "count", "name", "tflops", "peak_flops", "memory_GB", "memory_bytes", "hbm_GBps",
                 "hbm_Bps")
@@ -150,10 +152,13 @@ def parse_cluster(data: Any, file: str = "<cluster dict>") -> Cluster:
     else:
         launch = _number(ctx, "launch_latency_us", data.get("launch_latency_us", DEFAULT_LAUNCH_LATENCY_US),
                          zero_ok=True) * 1e-6
+    overlap = _number(ctx, "comm_overlap", data.get("comm_overlap", 1.0), zero_ok=True)
+    if overlap > 1:
+        raise ctx.fail("comm_overlap", f"expected a fraction in [0, 1], got {data['comm_overlap']}")
     name = data.get("name") or ""
     if not isinstance(name, str):
         name = str(name)
-    return Cluster(devices, hosts, network, efficiency, name, allow_tf32, launch, source=file)
+    return Cluster(devices, hosts, network, efficiency, name, allow_tf32, launch, overlap, source=file)
 
 
 def _check_keys(ctx: _Ctx, path: str, data: Mapping, allowed: tuple[str, ...]) -> None:

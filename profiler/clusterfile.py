@@ -149,6 +149,8 @@ def build_cluster(result: Mapping[str, Any], intra: LinkFit | None, network: Lin
         out["network"] = link_fields(network, "network")
     out["efficiency"] = efficiency_fields(result)
     out["launch_latency_us"] = launch_us(result)
+    if "comm_overlap" in result:
+        out["comm_overlap"] = sig(result["comm_overlap"])
     return out
 
 
@@ -184,6 +186,8 @@ def merge_cluster(existing: Mapping[str, Any], result: Mapping[str, Any], intra:
     data["efficiency"] = eff
     data.pop("launch_latency_s", None)
     data["launch_latency_us"] = launch_us(result)
+    if "comm_overlap" in result:
+        data["comm_overlap"] = sig(result["comm_overlap"])
     return data
 
 

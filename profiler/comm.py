@@ -130,3 +130,49 @@ def measure_collectives(group, group_ranks: Sequence[int], device: torch.device,
                     times.append(float(elapsed.item()))
                 samples.append(CommSample(link, kind, p, float(piece_bytes), statistics.median(times)))
     return samples, skipped
+
+
+def measure_overlap(group, device: torch.device, *, nbytes: int = 1 << 23, repeats: int = 3) -> float:
+    """The fraction of an asynchronous all-reduce that compute on the same ranks hides.
+
+    Times compute alone (``c``), the all-reduce alone (``m``) and the all-reduce launched
+    asynchronously with the same compute running until it is done (``both``): hidden time is
+    ``c + m - both``, and the fraction is that over ``min(c, m)`` (1: free overlap, as NCCL
+    with its own engines; 0: none, as gloo reducing on the cores that compute). Each time is
+    the slowest rank's, the median over ``repeats``. Every rank of ``group`` must call it.
+    """
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    size = 2048 if device.type == "cuda" else 256
+    a = torch.randn(size, size, device=device)
+    buf = torch.ones(nbytes // 4, device=device)
+
+    def compute(calls: int) -> None:
+        for _ in range(calls):
+            torch.mm(a, a)
+
+    def slowest(fn: Callable[[], None]) -> float:
+        dist.barrier(group=group)
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        took = torch.tensor([time.perf_counter() - start], device=device)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX, group=group)
+        return float(took.item())
+
+    def comm() -> None:
+        dist.all_reduce(buf, group=group)
+
+    comm()
+    m = statistics.median(slowest(comm) for _ in range(repeats))
+    per_call = slowest(lambda: compute(8)) / 8
+    calls = max(1, round(m / max(per_call, 1e-9)))          # compute about as long as the all-reduce
+    c = statistics.median(slowest(lambda: compute(calls)) for _ in range(repeats))
+
+    def both() -> None:
+        work = dist.all_reduce(buf, group=group, async_op=True)
+        compute(calls)
+        work.wait()
+
+    b = statistics.median(slowest(both) for _ in range(repeats))
+    return float(min(1.0, max(0.0, (c + m - b) / min(c, m))))

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from hapc.runtime.collectives import keep_freed_memory
-from profiler.comm import measure_collectives
+from profiler.comm import measure_collectives, measure_overlap
 from profiler.device import measure_device
 from profiler.opclass_bench import measure_classes
 from profiler.pin import pin
@@ -119,6 +119,9 @@ def _measure(device: torch.device, config: WorkerConfig) -> dict | None:
             samples += s
             skipped.update({f"intra {kind}": why for kind, why in k.items()})
     barrier()
+    if node_of[rank] == 0:
+        say("overlap of an asynchronous all-reduce with compute")
+    overlap = measure_overlap(None, device) if world > 1 else 1.0
     # Between nodes: the first rank of each node.
     if len(node_ranks) > 1:
         leaders = [ranks[0] for ranks in node_ranks]
@@ -138,7 +141,8 @@ def _measure(device: torch.device, config: WorkerConfig) -> dict | None:
     result = {"world": world, "device_type": device.type, "threads": config.threads,
               "affinity": [list(a) for a in config.affinity] if config.affinity else None,
               "nodes": node_ranks, "ranks": every, "collectives": [s.to_dict() for s in samples],
-              "skipped_collectives": skipped, "torch": torch.__version__, "quick": config.quick}
+              "skipped_collectives": skipped, "comm_overlap": overlap, "torch": torch.__version__,
+              "quick": config.quick}
     Path(config.result_path).write_text(json.dumps(result))
     return result
 

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # run as a script by torchrun
-from hapc.runtime.collectives import keep_freed_memory
+from hapc.runtime.collectives import fused_optimizer, keep_freed_memory
 
 
 def _value(raw: str):
@@ -62,7 +62,7 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = DistributedDataParallel(_call_with(module.model, kwargs))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = fused_optimizer(torch.optim.AdamW, list(model.parameters()), lr=1e-3)   # as emitted programs
     batch = [t.tensor_split(world)[rank] for t in _call_with(module.inputs, kwargs)]
     times = []
     for i in range(args.steps):

@@ -389,6 +389,9 @@ def test_quick_profile_of_two_ranks_writes_a_loadable_file(tmp_path):
     assert all(d.hbm_bandwidth_Bps > 1e8 for d in cluster.devices)
     link = cluster.nodes[0].intra_link
     assert link.bandwidth_Bps > 1e6 and link.latency_seconds >= 0
+    measured = {s["kind"] for s in result.raw["collectives"]}
+    assert {k for k, _, _ in link.per_kind} == measured                      # each kind fitted on its own
+    assert 0.0 <= cluster.comm_overlap <= 1.0 and "comm_overlap" in out.read_text()
     kinds = {s["kind"] for s in result.raw["collectives"]} | {k.split()[-1] for k in result.raw["skipped_collectives"]}
     assert kinds == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"}
     assert out.with_suffix(".profile.json").is_file()

@@ -17,7 +17,7 @@ from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
 from hapc.rules import rules, strategies
 from hapc.rules.check import check_rule, check_strategy, sample_graph
 from hapc.rules.registry import Sample
-from hapc.rules.samples import I, Pos, T
+from hapc.rules.samples import Ids, Pos, T
 from synth.builder import propagate
 
 SHARES = (0.5, 0.3, 0.2)
@@ -117,10 +117,10 @@ def test_batch_norm_eval_shards_freely():
      Strategy((Shard(2),), (P,), rescale=(0, 2))),                                # global pool of a row shard
     ("aten.topk.default", Sample((T(5, 7), 2)), Strategy((Shard(0),), (Shard(0), Shard(0)))),
     ("aten.max.dim", Sample((T(5, 7, 4), 1)), Strategy((Shard(2),), (Shard(1), Shard(1)))),
-    ("aten.one_hot.default", Sample((I(5, 7, 4), 5)), Strategy((Shard(0),), (Shard(0),))),
-    ("aten.one_hot.default", Sample((I(5, 7, 4), 5)), Strategy((R,), (Shard(2),), local="one_hot_class_shard")),
+    ("aten.one_hot.default", Sample((Ids(5, 7, 4), 5)), Strategy((Shard(0),), (Shard(0),))),
+    ("aten.one_hot.default", Sample((Ids(5, 7, 4), 5)), Strategy((R,), (Shard(2),), local="one_hot_class_shard")),
     ("aten.cumsum.default", Sample((T(7, 5), 0)), Strategy((Shard(0),), (Shard(0),), local="cumsum_scan")),
-    ("aten.scatter_add.default", Sample((T(7,), 0, I(7, 10), T(10))),
+    ("aten.scatter_add.default", Sample((T(7,), 0, Ids(7, 10), T(10))),
      Strategy((P, Shard(0), Shard(0)), (P,))),                                     # counts over sharded tokens
 ])
 def test_strategy_exists(op, sample, strategy):

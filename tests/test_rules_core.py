@@ -9,7 +9,7 @@ from hapc.ir.layout import P, R, Shard
 from hapc.rules import strategies
 from hapc.rules.check import sample_graph
 from hapc.rules.registry import Sample
-from hapc.rules.samples import I, T
+from hapc.rules.samples import Ids, T
 
 
 def _strats(op, *args, **kwargs):
@@ -26,9 +26,9 @@ def test_linear_column_row_and_data_parallel():
 
 
 def test_embedding_vocab_parallel_and_loss_batch_mean():
-    s = _strats("aten.embedding.default", T(11, 6), I(11, 4, 5))
+    s = _strats("aten.embedding.default", T(11, 6), Ids(11, 4, 5))
     assert s[((Shard(0), R), (P,))].local == "vocab_parallel_embedding"
-    ce = _strats("aten.cross_entropy_loss.default", T(7, 11), I(11, 7))
+    ce = _strats("aten.cross_entropy_loss.default", T(7, 11), Ids(11, 7))
     assert ce[((Shard(0), Shard(0)), (P,))].local == "cross_entropy_batch"
     assert ce[((Shard(1), R), (P,))].local == "vocab_parallel_cross_entropy"
 

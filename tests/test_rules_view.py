@@ -16,7 +16,7 @@ from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
 from hapc.rules.check import check_all, check_strategy, sample_graph
 from hapc.rules.ops_view import view_dim_map, view_groups
 from hapc.rules.registry import Sample, rules, strategies
-from hapc.rules.samples import I, T
+from hapc.rules.samples import Ids, T
 from hapc.tracer import trace
 
 MODULES = ("hapc.rules.ops_view", "hapc.rules.ops_index")
@@ -145,12 +145,12 @@ def test_slices_and_selects():
 
 
 def test_indexing_shards_the_index():
-    found, _ = _strategies("aten.index_select.default", T(11, 7), 0, I(11, 8))
+    found, _ = _strategies("aten.index_select.default", T(11, 7), 0, Ids(11, 8))
     assert ((R, Shard(0)), (Shard(0),)) in found and ((Shard(1), R), (Shard(1),)) in found
-    found, _ = _strategies("aten.index.Tensor", T(11, 7), [I(11, 4, 5)])
+    found, _ = _strategies("aten.index.Tensor", T(11, 7), [Ids(11, 4, 5)])
     assert ((R, Shard(0)), (Shard(0),)) in found and ((R, Shard(1)), (Shard(1),)) in found
     assert ((Shard(1), R), (Shard(2),)) in found
-    found, _ = _strategies("aten.gather.default", T(4, 11), 1, I(11, 4, 6))
+    found, _ = _strategies("aten.gather.default", T(4, 11), 1, Ids(11, 4, 6))
     assert ((Shard(0), Shard(0)), (Shard(0),)) in found and ((R, Shard(1)), (Shard(1),)) in found
 
 

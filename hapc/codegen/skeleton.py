@@ -270,10 +270,10 @@ def make_optimizer(params: list[torch.Tensor]) -> torch.optim.Optimizer:
     if callable(getattr(M, "optimizer", None)):
         return M.optimizer(params)
     if OPTIMIZER == "adam":
-        return torch.optim.Adam(params, lr=1e-3)
+        return C.fused_optimizer(torch.optim.Adam, params, lr=1e-3)
     if OPTIMIZER == "sgd":
-        return torch.optim.SGD(params, lr=1e-2)
-    return torch.optim.AdamW(params, lr=1e-3)
+        return C.fused_optimizer(torch.optim.SGD, params, lr=1e-2)
+    return C.fused_optimizer(torch.optim.AdamW, params, lr=1e-3)
 
 
 # Verification tolerance (float32 on both sides): a tensor passes when every element is within

@@ -124,6 +124,8 @@ BAD = {
     "collective_bare_number": ("nodes:\n  - devices: [{type: T4, count: 2}]\n    intra_link: {bandwidth_GBps: 5, "
                                "collectives: {broadcast: 3}}\n",
                                "nodes[0].intra_link.collectives.broadcast", "bandwidth_GBps"),
+    "overlap_above_one": ("nodes:\n  - devices: [{type: T4, count: 1}]\ncomm_overlap: 1.5\n",
+                          "comm_overlap", "[0, 1]"),
     "bad_efficiency": ("nodes:\n  - devices: [{type: T4, count: 1}]\nefficiency: {matmul: 1.5}\n",
                        "efficiency.matmul", "(0, 1]"),
 }

@@ -94,6 +94,23 @@ def test_gradient_all_reduce_overlaps_with_backward():
     assert bucketed.iteration_seconds > res.iteration_seconds
 
 
+def test_gradient_all_reduce_that_compute_cannot_hide_delays_it():
+    g = chain_graph(batch=8, widths=(1000,) * 4, flops_per_layer=1e9)
+    layer_fwd, layer_bwd = 1e-3, 2e-3
+    allreduce = 2 * ALPHA + 4e6 / BW
+    for overlap in (0.0, 0.25):
+        data = custom_cluster(devices=((1, 10, 100),) * 2, efficiency={"matmul": 0.5})
+        data["comm_overlap"] = overlap
+        res = simulate(data_parallel(g, (0.5, 0.5)), load_cluster(data), bucket_bytes=0)
+        # each of the first two all-reduces takes (1 - overlap) of its time from the backward;
+        # the last is exposed whole
+        assert res.iteration_seconds == pytest.approx(3 * layer_fwd + 3 * layer_bwd + allreduce
+                                                      + 2 * (1 - overlap) * allreduce + adamw_seconds(12e6))
+        for r in range(2):
+            total = res.compute_seconds[r] + res.comm_seconds[r] + res.idle_seconds[r]
+            assert total == pytest.approx(res.iteration_seconds)
+
+
 def test_zero3_gathers_forward_and_reduce_scatters_backward():
     g = chain_graph(batch=8, widths=(4, 4, 4), flops_per_layer=1e9)
     prog = zero3(g, (0.5, 0.5))
