@@ -254,8 +254,7 @@ def _calibration_section(cal: dict[str, Any]) -> list[str]:
         return out + [NOT_YET + (f" ({cal['status']}: {cal.get('why')})" if cal else ""), ""]
     out += [(f"`hapc calibrate` on {cal['model']} ({cal['cluster']}): {cal['runs']} plans emitted, run and "
             "compared with the simulator's prediction, then the cost model's knobs fitted to all runs "
-            "(leave-one-out: each run predicted by a fit without it). Plans are named by layers x "
-            "hidden."), "",
+            "(leave-one-out: each run predicted by a fit without it). Plans are named plan (model)."), "",
             "| plan | measured ms | predicted ms | error | fitted ms | error |", "|---|---|---|---|---|---|"]
     for p in cal["plans"]:
         m = p["measured"]

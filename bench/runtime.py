@@ -9,11 +9,12 @@ DDP, emitted, DDP, ...) so a change in the machine's load hits both; each launch
 median of its steps after the first, and the figure kept is the median over launches. The
 target is an emitted program within 5 % of DDP.
 
-**Calibration.** ``hapc calibrate`` (its library form) on the same two CPU ranks, described
-by the catalog's ``cpu`` numbers: every distinct plan of two GPT sizes is emitted, run and
-compared with the simulator's prediction (rank correlation, median relative error), before
-and after fitting the cost model's knobs, with leave-one-out errors. Without
-``hapc.calibrate`` the section says "not measured yet".
+**Calibration.** ``hapc profile`` measures the two CPU ranks (a cluster file, as a user
+would write one), then ``hapc calibrate`` (its library form, two alternating rounds) emits
+and runs every distinct plan of a GPT and an MLP and compares it with the simulator's
+prediction (rank correlation, median relative error), before and after fitting the cost
+model's knobs, with leave-one-out errors. Without ``hapc.calibrate`` the section says "not
+measured yet".
 
     python -m bench.runtime [--launches 2] [--steps 12]
 """
@@ -89,33 +90,35 @@ def dp_vs_ddp(launches: int, steps: int) -> dict[str, Any]:
             "overhead": emitted / ddp_s - 1, "target_overhead": 0.05}
 
 
-CALIBRATION_MODELS = (DP_MODEL, {**DP_MODEL, "layers": 1, "hidden": 384, "heads": 6, "seq": 32})
+CALIBRATION_MODELS = (("gpt", DP_MODEL),
+                      ("mlp", {"layers": 3, "features": 512, "hidden": 2048, "classes": 100, "batch": 128}))
 
 
-def calibration(steps: int) -> dict[str, Any]:
-    """``hapc calibrate`` (the library form) on two GPT sizes over the same two CPU ranks: every
-    distinct plan (baselines and hapc's) emitted, run and compared with its prediction, then the
-    cost model's knobs fitted on all runs together (with leave-one-out errors)."""
+def calibration(steps: int, repeats: int = 2) -> dict[str, Any]:
+    """``hapc profile`` of two CPU ranks, then ``hapc calibrate`` (the library form) of a GPT
+    and an MLP on them: every distinct plan (baselines and hapc's) emitted, run and compared
+    with its prediction, then the cost model's knobs fitted on all runs together (with
+    leave-one-out errors)."""
     if importlib.util.find_spec("hapc.calibrate") is None:
         return {"status": "not measured yet", "why": "hapc.calibrate is not in this build"}
-    import yaml
-
     from hapc.calibrate import calibrate
+    from profiler.profile import profile
 
     with tempfile.TemporaryDirectory() as tmp:
         cluster_file = Path(tmp) / "cpu2.yaml"
-        cluster_file.write_text(yaml.safe_dump(CPU2))
+        say("profiling 2 CPU ranks")
+        profile(cluster_file, nproc=2, say=lambda m: None)
         runs_path = str(Path(tmp) / "runs.json")
         notes: list[str] = []
-        for kwargs in CALIBRATION_MODELS:
-            runs, fit, more = calibrate(str(model_path("gpt")), str(cluster_file), overrides=kwargs,
-                                        steps=steps, runs_path=runs_path, workdir=str(Path(tmp) / "work"),
-                                        say=say)
+        for model, kwargs in CALIBRATION_MODELS:
+            runs, fit, more = calibrate(str(model_path(model)), str(cluster_file), overrides=kwargs,
+                                        steps=steps, repeats=repeats, runs_path=runs_path,
+                                        workdir=str(Path(tmp) / "work"), say=say)
             notes += more
     loo = fit.error_leave_one_out
-    return {"status": "measured", "model": "gpt (2 sizes)", "cluster": "2 CPU ranks, catalog 'cpu' numbers",
+    return {"status": "measured", "model": "gpt and mlp", "cluster": "2 CPU ranks, profiled by hapc profile",
             "runs": len(runs), "notes": notes,
-            "plans": [{"plan": f"{r.plan} ({r.kwargs.get('layers')}x{r.kwargs.get('hidden')})",
+            "plans": [{"plan": f"{r.plan} ({Path(r.model).stem})",
                        "measured": m, "before": b, "after": a}
                       for r, m, b, a in zip(runs, fit.measured, fit.before, fit.after)],
             "rho_before": fit.rho_before, "rho_after": fit.rho_after, "error_before": fit.error_before,
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.runtime", description=__doc__.splitlines()[0])
     parser.add_argument("--launches", type=int, default=3, help="torchrun launches of each program")
     parser.add_argument("--steps", type=int, default=12, help="steps per launch (the first is not timed)")
-    parser.add_argument("--calibration-steps", type=int, default=6, help="steps per calibration run")
+    parser.add_argument("--calibration-steps", type=int, default=8, help="steps per calibration run")
     parser.add_argument("--no-calibration", action="store_true", help="skip the calibration runs")
     args = parser.parse_args(argv)
     data: dict[str, Any] = {}
