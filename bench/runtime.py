@@ -122,6 +122,7 @@ def calibration(steps: int, repeats: int = 2) -> dict[str, Any]:
                        "measured": m, "before": b, "after": a}
                       for r, m, b, a in zip(runs, fit.measured, fit.before, fit.after)],
             "rho_before": fit.rho_before, "rho_after": fit.rho_after, "error_before": fit.error_before,
+            "pairs_before": fit.pairs_before, "pairs_after": fit.pairs_after,
             "error_after": fit.error_after, "error_leave_one_out": None if math.isnan(loo) else loo,
             "scales": fit.scales}
 

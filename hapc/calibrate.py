@@ -96,6 +96,25 @@ def rank_correlation(predicted: Sequence[float], measured: Sequence[float]) -> f
     return float(spearmanr(predicted, measured).statistic)
 
 
+def ordered_pairs(predicted: Sequence[float], measured: Sequence[float], min_gap: float = 0.05) -> float:
+    """Of the pairs of runs whose measured times differ by more than ``min_gap`` (relative), the
+    fraction the prediction orders the same way; nan when there is no such pair.
+
+    Spearman's rho counts a swap of two plans that measure within noise of each other (1 %
+    apart on a shared CPU) like any other; plan search only needs the order of plans that
+    really differ, which this counts.
+    """
+    right = total = 0
+    for i in range(len(measured)):
+        for j in range(i + 1, len(measured)):
+            lo, hi = sorted((measured[i], measured[j]))
+            if hi <= lo * (1 + min_gap):
+                continue
+            total += 1
+            right += (predicted[i] - predicted[j]) * (measured[i] - measured[j]) > 0
+    return right / total if total else float("nan")
+
+
 def relative_errors(predicted: Sequence[float], measured: Sequence[float]) -> list[float]:
     return [abs(p - m) / m for p, m in zip(predicted, measured)]
 
@@ -127,6 +146,14 @@ class Fit:
     @property
     def rho_after(self) -> float:
         return rank_correlation(self.after, self.measured)
+
+    @property
+    def pairs_before(self) -> float:
+        return ordered_pairs(self.before, self.measured)
+
+    @property
+    def pairs_after(self) -> float:
+        return ordered_pairs(self.after, self.measured)
 
     @property
     def error_before(self) -> float:
@@ -395,6 +422,8 @@ def format_report(runs: Sequence[Run], result: Fit, notes: Sequence[str] = ()) -
         lines.append(f"{Path(r.model).stem[:10]:<10} {r.plan:<12} {m * ms:11.2f} {b * ms:12.2f} "
                      f"{(b - m) / m * 100:+6.0f}% {a * ms:10.2f} {(a - m) / m * 100:+6.0f}%")
     lines.append(f"rank correlation (Spearman): {result.rho_before:.3f} before, {result.rho_after:.3f} after fitting")
+    lines.append(f"pairs of plans measured more than 5% apart that the model orders right: "
+                 f"{result.pairs_before * 100:.0f}% before, {result.pairs_after * 100:.0f}% after")
     lines.append(f"median relative error: {result.error_before * 100:.1f}% before, {result.error_after * 100:.1f}% "
                  f"after" + (f" ({result.error_leave_one_out * 100:.1f}% leave-one-out)" if result.leave_one_out
                              else ""))

@@ -21,6 +21,7 @@ from hapc.calibrate import (
     fit_scales,
     fitted_cluster_data,
     median_relative_error,
+    ordered_pairs,
     parse_knobs,
     rank_correlation,
     write_fitted,
@@ -281,6 +282,15 @@ def _synthetic_runs():
         return [x / c + y * lat + z / b for x, y, z in zip(compute, overhead, comm)]
 
     return predict
+
+
+def test_ordered_pairs_ignores_plans_that_measure_alike():
+    measured = [100.0, 101.0, 150.0, 200.0]
+    assert ordered_pairs([1.0, 2.0, 3.0, 4.0], measured) == 1.0
+    # swapping the two plans 1% apart costs nothing; swapping 150 and 200 costs 1 of 5 pairs
+    assert ordered_pairs([2.0, 1.0, 3.0, 4.0], measured) == 1.0
+    assert ordered_pairs([1.0, 2.0, 4.0, 3.0], measured) == pytest.approx(4 / 5)
+    assert math.isnan(ordered_pairs([1.0, 2.0], [100.0, 101.0]))
 
 
 def test_fit_recovers_known_factors_on_synthetic_runs():
