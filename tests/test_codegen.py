@@ -181,10 +181,20 @@ def test_program_refuses_a_wrong_world_size(tmp_path, monkeypatch, capsys):
 
 # ---- one real run ------------------------------------------------------------------------------
 
-def test_synthesized_gpt_trains_on_four_gloo_ranks_and_verifies(tmp_path):
+def test_synthesized_gpt_with_dropout_trains_on_four_gloo_ranks_and_verifies(tmp_path):
+    """Dropout on: --verify gives the one-device reference the masks the program drew."""
+    from conftest import load_model_file
+    from synth.synthesize import synthesize_program
+
+    path = REPO / "configs" / "models" / "gpt.py"
+    module = load_model_file(path)
+    kwargs = {**module.SMALL, "dropout": 0.2}
+    traced = hapc.trace(module.model(**kwargs), tuple(module.inputs(**kwargs)))
+    assert sum(n.op == "aten.dropout.default" for n in traced.graph.nodes) >= 3
     cluster = load_cluster(SMALL_MIXED)
-    program = plan_for("gpt", "synth", cluster)
-    path = emit_model("gpt", program, tmp_path, cluster)
+    program = synthesize_program(traced.graph, cluster, baselines=("dp-flops",)).best.program
+    path = Path(emit(program, str(path), str(tmp_path), model_kwargs=kwargs, cluster=cluster,
+                     constants=traced.constants))
     proc = torchrun(path, 4, "--verify", "--steps", "2")
     line = verify_line(proc)
     assert line.startswith("verify: ok"), line + proc.stderr[-3000:]

@@ -9,6 +9,7 @@ copied model file and the two copied runtime files beside it — never hapc.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import inspect
 import math  # noqa: F401  (generated code writes math.inf / math.nan)
@@ -282,6 +283,29 @@ def make_optimizer(params: list[torch.Tensor]) -> torch.optim.Optimizer:
 VERIFY_RTOL, VERIFY_ATOL = 1e-4, 1e-6
 
 
+@contextlib.contextmanager
+def _program_dropout_masks(step_seed: int):
+    """While the single-device reference runs, ``F.dropout`` (what ``nn.Dropout`` calls) drops
+    what the program dropped: the k-th call uses the mask of the k-th dropout node, in graph
+    order, as the program drew it in the step seeded ``step_seed``. Without this the two sides
+    draw different masks and a model with dropout could never verify."""
+    nodes = iter([n for n, call in LOCAL_CALLS.items() if call[0] == "aten.dropout.default"])
+    original = torch.nn.functional.dropout
+
+    def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+        node = next(nodes, None)
+        if node is None or not training or p == 0.0:
+            return original(x, p, training, inplace)
+        keep = L.dropout_keep(node, step_seed, x.shape, p).to(device=x.device, dtype=x.dtype)
+        return x * keep / (1.0 - p)
+
+    torch.nn.functional.dropout = dropout
+    try:
+        yield
+    finally:
+        torch.nn.functional.dropout = original
+
+
 def verify(trainer: Trainer, loss: torch.Tensor, batch: Sequence[torch.Tensor]) -> bool:
     """Compare the first step's loss and gradients with the user's module on one device."""
     grads = trainer.full_grads()                         # collective: every rank takes part
@@ -289,7 +313,8 @@ def verify(trainer: Trainer, loss: torch.Tensor, batch: Sequence[torch.Tensor]) 
     if trainer.rank == 0:
         ref = trainer.module.to(trainer.device)
         ref.zero_grad(set_to_none=True)
-        ref_loss = ref(*[x.to(trainer.device) for x in batch])
+        with _program_dropout_masks(trainer.seed):
+            ref_loss = ref(*[x.to(trainer.device) for x in batch])
         ref_loss.backward()
         checks = [("loss", loss.reshape(()), ref_loss.detach().reshape(()))]
         for target, g in grads.items():

@@ -12,7 +12,7 @@ one process and with real ``torch.distributed`` collectives in an emitted progra
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,15 +81,21 @@ def expand_local(ctx: RankCtx, x: torch.Tensor, shape: Any, *rest: Any, **kw: An
     return x.expand(_local_shape(ctx))
 
 
+def dropout_keep(node: str, step_seed: int, shape: Sequence[int], p: float) -> torch.Tensor:
+    """The keep-mask of dropout node ``node`` in the step seeded ``step_seed``, for the whole
+    (global) tensor: what every rank cuts its piece from, and what ``--verify`` gives the
+    single-device reference so that both drop the same elements."""
+    gen = torch.Generator(device="cpu").manual_seed(node_seed(node, step_seed))
+    return torch.rand(list(shape), generator=gen) >= p
+
+
 @local_op
 def dropout(ctx: RankCtx, x: torch.Tensor, p: float, train: bool | None = True) -> torch.Tensor:
     """Dropout whose mask is drawn for the *global* tensor from a seed all ranks share, then
     cut to this rank's piece, so a sharded program drops exactly what one device would."""
     if not train or p == 0.0:
         return x
-    gen = torch.Generator(device="cpu").manual_seed(node_seed(ctx.node, ctx.seed))
-    shape = list(ctx.out_shapes[0])
-    keep = torch.rand(shape, generator=gen) >= p
+    keep = dropout_keep(ctx.node, ctx.seed, ctx.out_shapes[0], p)
     info = ctx.outputs[0]
     if info is not None:
         keep = keep.narrow(info.dim, info.offset, info.length)
