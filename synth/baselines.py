@@ -18,7 +18,7 @@ from costmodel.cluster import Cluster
 from hapc.ir.graph import Graph
 from hapc.ir.layout import Layout, Replicate, Shard
 from hapc.ir.program import DistProgram
-from synth.builder import propagate
+from synth.builder import greedy_score, propagate
 from synth.costs import Prices
 from synth.search import search, to_program
 from synth.space import SearchSpace
@@ -43,9 +43,9 @@ def _largest_dim(graph: Graph, name: str) -> int | None:
 def baseline_program(name: str, graph: Graph, cluster: Cluster) -> DistProgram:
     world = cluster.world
     if name == "dp-even":
-        return propagate(graph, even_shares(world), _batch_sharded(graph))
+        return propagate(graph, even_shares(world), _batch_sharded(graph), score=_data_parallel_score(graph))
     if name == "dp-flops":
-        return propagate(graph, cluster.flops_shares(), _batch_sharded(graph))
+        return propagate(graph, cluster.flops_shares(), _batch_sharded(graph), score=_data_parallel_score(graph))
     if name == "zero3":
         layouts: dict[str, Layout] = dict(_batch_sharded(graph))
         for p in graph.params:
@@ -58,6 +58,32 @@ def baseline_program(name: str, graph: Graph, cluster: Cluster) -> DistProgram:
         space = SearchSpace.build(graph, Prices(graph, cluster, shares), free_layouts=(Replicate(),))
         return to_program(space, search(space), shares)
     raise ValueError(f"unknown baseline {name!r}; expected one of {', '.join(BASELINES)}")
+
+
+def _batch_dependent(graph: Graph) -> set[str]:
+    """Values computed from a model input (the batch); the rest (positions, masks built from
+    shapes, parameter transforms) is the same for every sample."""
+    found = set(graph.inputs)
+    for node in graph.nodes:
+        if any(v in found for v in node.input_refs()):
+            found.update(node.outputs)
+    return found
+
+
+def _data_parallel_score(graph: Graph):
+    """Data parallelism as DDP runs it: what does not depend on the batch is computed whole on
+    every rank. Greedy propagation alone would shard, say, the position ids of a GPT (less work
+    per rank) and pay a reduce-scatter where their embedding meets the batch; no hand-written
+    data-parallel program does that, and the baseline must be the one users would write."""
+    batch = _batch_dependent(graph)
+
+    def score(node, strategy, builder) -> float:
+        base = greedy_score(node, strategy, builder)
+        if any(o in batch for o in node.outputs):
+            return base
+        return base + (0.0 if all(isinstance(o, Replicate) for o in strategy.outputs) else 1.0)
+
+    return score
 
 
 def _gather_params_score(node, strategy, builder) -> float:

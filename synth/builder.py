@@ -99,18 +99,19 @@ def redistribution_penalty(have: Iterable[Layout], want: Layout) -> float:
     return 1.0             # a real collective
 
 
+def greedy_score(node: Node, s: Strategy, b: ProgramBuilder) -> float:
+    """Propagation's default preference: no redistribution, then sharded outputs (less work
+    per rank), and Partial outputs last."""
+    cost = sum(redistribution_penalty(b.layouts_of(v), lay) for v, lay in zip(node.input_refs(), s.inputs))
+    sharded_out = any(isinstance(o, Shard) for o in s.outputs)
+    return cost - (0.05 if sharded_out else 0.0) + (0.01 if any(isinstance(o, Partial) for o in s.outputs) else 0.0)
+
+
 def propagate(graph: Graph, shares: Sequence[float], source_layouts: dict[str, Layout] | None = None,
               score: Callable[[Node, Strategy, ProgramBuilder], float] | None = None) -> DistProgram:
     """Greedy layout propagation in graph order (see module docstring)."""
     builder = ProgramBuilder(graph, shares, source_layouts)
-
-    def default_score(node: Node, s: Strategy, b: ProgramBuilder) -> float:
-        cost = sum(redistribution_penalty(b.layouts_of(v), lay) for v, lay in zip(node.input_refs(), s.inputs))
-        sharded_out = any(isinstance(o, Shard) for o in s.outputs)
-        return cost - (0.05 if sharded_out else 0.0) + (0.01 if any(isinstance(o, Partial) for o in s.outputs)
-                                                         else 0.0)
-
-    score = score or default_score
+    score = score or greedy_score
     for node in graph.nodes:
         options = strategies(node, graph)
         best = min(options, key=lambda s: (score(node, s, builder), options.index(s)))

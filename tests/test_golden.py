@@ -43,7 +43,12 @@ def test_plan_is_no_worse_than_golden(name, tmp_path, capsys):
 
 def test_a_worse_search_fails_the_check(tmp_path, monkeypatch, capsys):
     """A search that forgets to price communication picks a plan the simulator (unpatched,
-    so the judge stays honest) finds slower than the golden one: the check must fail."""
+    so the judge stays honest) finds slower than the golden one: the check must fail. The
+    baselines are left out of this synthesis, or the best of them (pure data parallelism)
+    would stand in for the broken search and hide it."""
+    import functools
+
+    import synth.synthesize
     from synth.costs import Prices
 
     real = Prices._collective
@@ -53,6 +58,8 @@ def test_a_worse_search_fails_the_check(tmp_path, monkeypatch, capsys):
         return variant, 0.0
 
     monkeypatch.setattr(Prices, "_collective", free_communication)
+    monkeypatch.setattr(synth.synthesize, "synthesize_program",
+                        functools.partial(synth.synthesize.synthesize_program, baselines=()))
     new = tmp_path / "gpt-worse.json"
     write_plan(plan_small("gpt"), new)
     rc = hapc_main(["check", str(new), "--baseline", str(_golden("gpt"))])

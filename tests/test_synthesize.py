@@ -68,6 +68,22 @@ def test_baseline_api():
     assert flops.ratios[0] > flops.ratios[3]
 
 
+@pytest.mark.parametrize("name", ["gpt", "bert"])
+def test_data_parallel_baselines_need_no_collective_but_the_gradient_all_reduce(name):
+    """As DDP runs them: positions and masks built from shapes are computed whole on every rank,
+    so nothing is redistributed; each rank's piece of the batch goes from input to loss."""
+    from hapc.ir.program import Redistribute
+    from synth.baselines import baseline_program
+
+    _, inputs, traced = _small(name)
+    cluster = hapc.load_cluster(SMALL_MIXED)
+    for plan in ("dp-even", "dp-flops"):
+        program = baseline_program(plan, traced.graph, cluster)
+        moves = [s for s in program.steps if isinstance(s, Redistribute) and s.src_layout != s.dst_layout]
+        assert moves == [], f"{plan}: {moves[:3]}"
+        assert _max_err(program, traced, inputs) < 1e-9
+
+
 def test_plan_json_is_byte_identical_and_round_trips(tmp_path):
     model, inputs, _ = _small("mlp")
     a = hapc.synthesize(model, inputs, SMALL_MIXED)
