@@ -192,13 +192,14 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
         return out
 
     # 1. forward
+    chosen: dict[int, str] = {}            # the variant each collective ran, for its dual
     for i, step in enumerate(program.steps):
         if isinstance(step, Compute):
             ts = times(step)
             backward_times[i] = [t.bwd_seconds for t in ts]
             clock.work([t.fwd_seconds for t in ts], "fwd", step.node, nodes[step.node].op)
         else:
-            _run_move(clock, cluster, forward_move(program, step), step, "fwd")
+            chosen[i] = _run_move(clock, cluster, forward_move(program, step), step, "fwd", step.method)
     forward_end = max(clock.t)
 
     # 2-3. backward, with gradient all-reduces of Replicate parameters as they complete
@@ -231,7 +232,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
             if step.strategy.local == SFB_LOCAL and world > 1:
                 _factor_gather(clock, cluster, program, step, nodes[step.node])
         else:
-            _run_move(clock, cluster, backward_move(program, step), step, "bwd")
+            _run_move(clock, cluster, backward_move(program, step), step, "bwd", chosen.get(i, step.method))
         for param in ready_at.get(i, []):
             bucket.append(param)
             bucket_size += local_bytes(program, param, Replicate())[0]
@@ -278,20 +279,27 @@ def _fractions(program: DistProgram, step: Compute, outputs: tuple[str, ...]) ->
     return [1.0] * program.world
 
 
-def _run_move(clock: _Clock, cluster: Cluster, move: Move | None, step: Redistribute, phase: str) -> None:
+def _run_move(clock: _Clock, cluster: Cluster, move: Move | None, step: Redistribute, phase: str,
+              method: str) -> str:
+    """Price one move; returns the variant it ran ("auto" for none).
+
+    The backward runs the variant its forward ran (``method``), as the emitted program's
+    collectives do (each autograd dual takes its forward's method), not the cheapest one for
+    the gradient's own sizes.
+    """
     if move is None:
-        return
+        return "auto"
     label = f"{step.src}: {step.src_layout!r} -> {step.dst_layout!r}"
     if move.kind == "local":
         hbm = [d.hbm_bandwidth_Bps * cluster.efficiency["hbm"] for d in cluster.devices]
         clock.work([b / bw for b, bw in zip(move.piece_bytes, hbm)], phase, label, "local")
-        return
+        return "auto"
     matrix = move.send_matrix
-    if step.method == "auto":
+    if method == "auto":
         variant, seconds = best_variant(move.kind, move.piece_bytes, cluster, send_matrix=matrix)
     else:
         try:
-            variant = resolve_variant(move.kind, step.method)
+            variant = resolve_variant(move.kind, method)
         except ValueError:
             if phase == "fwd":
                 raise
@@ -301,6 +309,7 @@ def _run_move(clock: _Clock, cluster: Cluster, move: Move | None, step: Redistri
         else:
             seconds = collective_seconds(move.kind, move.piece_bytes, cluster, None, variant, send_matrix=matrix)
     clock.collective(seconds, phase, label, move.kind, variant)
+    return variant
 
 
 def _gradient_ready_steps(program: DistProgram) -> dict[int, list[str]]:
