@@ -208,15 +208,18 @@ class Trainer:
         loss = C.tie(forward(self.rt, v).reshape(()), self.rt.tied)
         self.rt.tied = []
         self.steps_done += 1
+        # The global value of a Partial loss is summed while backward runs (issued first, so
+        # every rank queues its collectives in the same order), not after it.
+        total = loss.detach().clone()
+        summing = dist.all_reduce(total, async_op=True) if LOSS_PARTIAL and WORLD > 1 else None
         if loss.requires_grad:
             # A Partial loss is summed over ranks: each back-propagates its piece. A replicated
             # loss is counted once: rank 0's copy (the others back-propagate zeros, which still
             # runs every collective of the backward on every rank).
             (loss if LOSS_PARTIAL or self.rank == 0 else loss * 0).backward()
             self.sync.finish()
-        total = loss.detach().clone()
-        if LOSS_PARTIAL and WORLD > 1:
-            dist.all_reduce(total)
+        if summing is not None:
+            summing.wait()
         return total
 
     def full_grads(self) -> dict[str, torch.Tensor]:

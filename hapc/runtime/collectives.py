@@ -542,8 +542,8 @@ class GradSync:
             offset = 0
             for p in bucket:
                 n = p.numel()
-                if p.grad is not None:
-                    p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+                if p.grad is not None:      # the summed gradient, as a view of the bucket (no copy)
+                    p.grad = flat[offset:offset + n].view_as(p)
                 offset += n
         self._launched = []
         self._ready = [0] * len(self.buckets)
