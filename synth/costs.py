@@ -2,7 +2,7 @@
 
 The search adds up, for every node, the time of its chosen strategy (the slowest rank's
 forward + backward roofline for the share it holds) and of every layout change its inputs
-need (the forward collective plus its autograd dual). Parameters add the price of keeping
+need (the forward collective plus its autograd dual, run with the forward's variant). Parameters add the price of keeping
 their gradient consistent: an all-reduce for a replicated one (scaled by ``overlap``, the part
 of it that does *not* hide behind backward compute), nothing for a sharded one.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from costmodel.cluster import Cluster
-from costmodel.collectives import best_variant
+from costmodel.collectives import best_variant, collective_seconds, resolve_variant
 from costmodel.compute import node_seconds
 from hapc.ir.graph import DTYPE_BYTES, Graph, Node, TensorMeta
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
@@ -120,10 +120,21 @@ class Prices:
             variant, seconds = self._collective(fwd_kind, pieces)
         if needs_grad and back_kind not in ("local", "none"):
             pieces = self._pieces(meta, src if back_kind == "reduce_scatter" else dst)
-            seconds += self._collective(back_kind, pieces)[1]
+            seconds += self._dual(back_kind, pieces, variant)
         if fwd_kind == "local":
             seconds += self._local_write_seconds(meta)
         return MovePrice(seconds, fwd_kind, variant)
+
+    def _dual(self, kind: str, pieces: list[float], forward_variant: str) -> float:
+        """The backward collective, run with its forward's variant as the emitted autograd dual
+        runs it (and the simulator prices it); the cheapest one where that has no such form."""
+        try:
+            variant = resolve_variant(kind, forward_variant) if forward_variant else ""
+        except ValueError:
+            variant = ""
+        if not variant:
+            return self._collective(kind, pieces)[1]
+        return collective_seconds(kind, pieces, self.cluster, None, variant)
 
     def _local_write_seconds(self, meta: TensorMeta) -> float:
         nbytes = meta.numel * DTYPE_BYTES.get(meta.dtype, 4)

@@ -181,3 +181,29 @@ def test_repeated_layers_are_solved_once():
     _, space, _ = _space(Chain(depth=12), (torch.randn(9, 24), torch.randn(9, 24)))
     result = search(space)
     assert result.distinct_segments < result.segments / 3
+
+
+def test_a_layout_change_prices_its_backward_with_the_forward_variant():
+    """The emitted dual runs the forward's variant, and so must the search's price."""
+    from costmodel.collectives import collective_seconds
+    from hapc.ir.graph import TensorMeta
+    from hapc.ir.layout import Replicate, Shard
+
+    data = {"nodes": [{"devices": [{"type": "cpu", "count": 2}],
+                       "intra_link": {"bandwidth_GBps": 1, "latency_us": 100,
+                                      "collectives": {"all_gather": {"bandwidth_GBps": 0.2},
+                                                      "all_to_all": {"bandwidth_GBps": 0.8}}}}]}
+    cluster = load_cluster(data)
+    meta = TensorMeta((1024, 256), "float32")
+    price = Prices(_empty_graph(), cluster, (0.5, 0.5)).move(meta, True, Shard(0), Replicate())
+    assert price.fwd_kind == "all_gather" and price.fwd_variant == "all_to_all"   # the slow ring loses
+    piece = [1024 * 256 * 4 / 2] * 2
+    want = (collective_seconds("all_gather", piece, cluster, variant="all_to_all")
+            + collective_seconds("reduce_scatter", piece, cluster, variant="all_to_all"))
+    assert price.seconds == pytest.approx(want)
+
+
+def _empty_graph():
+    from hapc.ir.graph import Graph
+
+    return Graph(values={}, nodes=[], inputs=[], params=[], buffers=[], output="")
