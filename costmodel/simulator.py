@@ -27,8 +27,10 @@ Per rank, compute + communication + idle = the iteration time. A Redistribute's 
 Per-rank work of a ``Compute``: the fraction of the op a rank holds is its local length over
 the global length of the strategy's sharded dimension (all sharded dimensions of one
 strategy are split alike); strategies with no ``Shard`` (all ``Replicate``, or ``Partial``
-only) do the full work on every rank. Collectives that local ops perform internally (the
-scalar sums of a vocabulary-parallel cross-entropy) are not priced: they are a few bytes.
+only) do the full work on every rank. The all-reduces that local ops run inside themselves
+(the max and sum of a vocabulary-parallel cross-entropy, a mean loss's global count) are
+priced as blocking collectives too (:mod:`costmodel.internal`): a few kilobytes each, but a
+millisecond apiece with gloo.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 from costmodel.cluster import Cluster, load_cluster
 from costmodel.collectives import best_variant, collective_seconds, resolve_variant
 from costmodel.compute import ComputeTime, lower_bound_seconds, node_seconds
+from costmodel.internal import internal_all_reduces
 from costmodel.memory import PARTS, MemoryReport, optimizer_copies, program_memory
 from costmodel.transfers import Move, backward_move, forward_move, local_bytes
 from hapc.errors import UserError
@@ -198,6 +201,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
             ts = times(step)
             backward_times[i] = [t.bwd_seconds for t in ts]
             clock.work([t.fwd_seconds for t in ts], "fwd", step.node, nodes[step.node].op)
+            _run_internal(clock, cluster, step, nodes[step.node], graph, "fwd")
         else:
             chosen[i] = _run_move(clock, cluster, forward_move(program, step), step, "fwd", step.method)
     forward_end = max(clock.t)
@@ -229,6 +233,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
         step = program.steps[i]
         if isinstance(step, Compute):
             clock.work(backward_times[i], "bwd", step.node, nodes[step.node].op)
+            _run_internal(clock, cluster, step, nodes[step.node], graph, "bwd")
             if step.strategy.local == SFB_LOCAL and world > 1:
                 _factor_gather(clock, cluster, program, step, nodes[step.node])
         else:
@@ -310,6 +315,16 @@ def _run_move(clock: _Clock, cluster: Cluster, move: Move | None, step: Redistri
             seconds = collective_seconds(move.kind, move.piece_bytes, cluster, None, variant, send_matrix=matrix)
     clock.collective(seconds, phase, label, move.kind, variant)
     return variant
+
+
+def _run_internal(clock: _Clock, cluster: Cluster, step: Compute, node, graph, phase: str) -> None:
+    """The all-reduces a local op runs inside itself (:mod:`costmodel.internal`)."""
+    if cluster.world <= 1:
+        return
+    fwd, bwd = internal_all_reduces(step.strategy.local, node, graph)
+    for nbytes in fwd if phase == "fwd" else bwd:
+        variant, seconds = best_variant("all_reduce", [nbytes] * cluster.world, cluster)
+        clock.collective(seconds, phase, f"{step.node}: inside {step.strategy.local}", "all_reduce", variant)
 
 
 def _gradient_ready_steps(program: DistProgram) -> dict[int, list[str]]:

@@ -22,6 +22,7 @@ from functools import lru_cache
 from costmodel.cluster import Cluster
 from costmodel.collectives import best_variant, collective_seconds, resolve_variant
 from costmodel.compute import node_seconds
+from costmodel.internal import internal_all_reduces
 from hapc.ir.graph import DTYPE_BYTES, Graph, Node, TensorMeta
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Strategy
@@ -65,7 +66,7 @@ class Prices:
         ``key`` identifies the node's cost signature (equal for repeated layers).
         """
         length = sharded_length(self.graph, node, strategy)
-        ck = (key, length)
+        ck = (key, length, strategy.local)
         hit = self._compute.get(ck)
         if hit is not None:
             return hit
@@ -73,6 +74,9 @@ class Prices:
         for rank, f in enumerate(self.fractions(length)):
             t = node_seconds(node, self.graph, self.cluster.devices[rank], self.cluster, f)
             worst = max(worst, t.fwd_seconds + t.bwd_seconds)
+        if self.world > 1:            # all-reduces the local op runs inside itself
+            fwd, bwd = internal_all_reduces(strategy.local, node, self.graph)
+            worst += sum(self._collective("all_reduce", [b] * self.world)[1] for b in fwd + bwd)
         self._compute[ck] = worst
         return worst
 

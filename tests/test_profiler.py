@@ -373,7 +373,7 @@ def test_calibration_through_the_simulator_recovers_a_slower_machine(load_model)
     from synth.baselines import baseline_program
 
     mlp = load_model("mlp")
-    cfg = dict(mlp.SMALL, batch=64, hidden=96)
+    cfg = dict(mlp.SMALL, batch=256, hidden=512)      # big enough that bandwidth, not latency, dominates
     traced = trace(mlp.model(**cfg), mlp.inputs(**cfg))
     cluster = load_cluster(CLUSTERS / "small-mixed.yaml")
     programs = [baseline_program(n, traced.graph, cluster) for n in ("dp-even", "dp-flops", "megatron-tp", "zero3")]

@@ -9,7 +9,7 @@ import torch
 from cm_programs import chain_graph, custom_cluster, data_parallel, zero3
 
 import hapc
-from costmodel import load_cluster, program_memory, simulate
+from costmodel import collective_seconds, load_cluster, program_memory, simulate
 from costmodel.transfers import backward_move, forward_move
 from hapc.errors import UserError
 from hapc.ir.layout import P, R, Shard
@@ -211,3 +211,31 @@ def test_traced_model_on_the_example_clusters():
         else:
             assert prop.iteration_seconds < even.iteration_seconds
         assert "ms" in repr(even) and "time per iteration" in even.table()
+
+
+def test_all_reduces_inside_local_ops_are_priced():
+    """A mean cross-entropy over batch shares sums the global count (forward only); a
+    vocabulary-parallel one sums max and exponentials per row, and the sum again in backward."""
+    from costmodel.internal import internal_all_reduces
+    from synth.baselines import baseline_program
+
+    class Classifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(16, 40)
+
+        def forward(self, x, y):
+            return torch.nn.functional.cross_entropy(self.head(x), y)
+
+    traced = hapc.trace(Classifier(), (torch.randn(12, 16), torch.randint(0, 40, (12,))))
+    graph = traced.graph
+    ce = next(n for n in graph.nodes if "cross_entropy" in n.op)
+    assert internal_all_reduces("cross_entropy_batch", ce, graph) == ([4.0], [])
+    assert internal_all_reduces("vocab_parallel_cross_entropy", ce, graph) == ([48.0, 48.0], [48.0])
+    assert internal_all_reduces(None, ce, graph) == ([], [])
+    cluster = load_cluster(custom_cluster(devices=((1, 10, 100),) * 2, latency_us=500))
+    program = baseline_program("dp-even", graph, cluster)
+    inside = [e for e in simulate(program, cluster).events if "inside" in e.label]
+    assert [(e.phase, e.kind) for e in inside] == [("fwd", "all_reduce")]
+    assert inside[0].end_seconds - inside[0].start_seconds == pytest.approx(
+        collective_seconds("all_reduce", [4.0, 4.0], cluster, variant=inside[0].variant))
