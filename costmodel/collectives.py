@@ -100,6 +100,18 @@ def collective_seconds(kind: str, piece_bytes: Sequence[float], cluster: Cluster
     return _PRICERS[kind](variant, pieces, cluster.for_collective(runs_as(kind, variant)), list(ranks), send_matrix)
 
 
+def dual_variant(kind: str, forward_variant: str) -> str:
+    """The variant a collective's backward (of ``kind``) runs: its forward's, as the emitted
+    autograd duals do, or "auto" (the cheapest) where the dual has no form of that name (an
+    all-reduce has no "grouped")."""
+    if not forward_variant or forward_variant == "auto":
+        return "auto"
+    try:
+        return resolve_variant(kind, forward_variant)
+    except ValueError:
+        return "auto"
+
+
 def runs_as(kind: str, variant: str) -> str:
     """The library call a variant is made of, whose per-collective link numbers price it.
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from costmodel.cluster import Cluster, load_cluster
-from costmodel.collectives import best_variant, collective_seconds, resolve_variant
+from costmodel.collectives import best_variant, collective_seconds, dual_variant, resolve_variant
 from costmodel.compute import ComputeTime, lower_bound_seconds, node_seconds
 from costmodel.internal import internal_all_reduces
 from costmodel.memory import PARTS, MemoryReport, optimizer_copies, program_memory
@@ -300,19 +300,13 @@ def _run_move(clock: _Clock, cluster: Cluster, move: Move | None, step: Redistri
         clock.work([b / bw for b, bw in zip(move.piece_bytes, hbm)], phase, label, "local")
         return "auto"
     matrix = move.send_matrix
+    if phase == "bwd":
+        method = dual_variant(move.kind, method)
     if method == "auto":
         variant, seconds = best_variant(move.kind, move.piece_bytes, cluster, send_matrix=matrix)
     else:
-        try:
-            variant = resolve_variant(move.kind, method)
-        except ValueError:
-            if phase == "fwd":
-                raise
-            # The dual of a named variant may not exist under that name (an all-reduce has no
-            # "grouped" form): let the backward use its cheapest.
-            variant, seconds = best_variant(move.kind, move.piece_bytes, cluster, send_matrix=matrix)
-        else:
-            seconds = collective_seconds(move.kind, move.piece_bytes, cluster, None, variant, send_matrix=matrix)
+        variant = resolve_variant(move.kind, method)
+        seconds = collective_seconds(move.kind, move.piece_bytes, cluster, None, variant, send_matrix=matrix)
     clock.collective(seconds, phase, label, move.kind, variant)
     return variant
 

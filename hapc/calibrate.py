@@ -249,15 +249,10 @@ def fitted_cluster_data(data: Mapping[str, Any], cluster: Cluster, scales: Mappi
 
 
 def _link_entry(old: Any, link: Link) -> dict[str, Any]:
-    from profiler.clusterfile import sig
+    from profiler.clusterfile import link_numbers
 
     name = old if isinstance(old, str) else (old.get("name") or old.get("type") or link.name)
-    out: dict[str, Any] = {"name": name, "bandwidth_GBps": sig(link.bandwidth_Bps / 1e9),
-                           "latency_us": sig(link.latency_seconds * 1e6)}
-    if link.per_kind:
-        out["collectives"] = {k: {"bandwidth_GBps": sig(b / 1e9), "latency_us": sig(t * 1e6)}
-                              for k, b, t in link.per_kind}
-    return out
+    return {"name": name, **link_numbers(link)}
 
 
 def write_fitted(path: str | Path, scales: Mapping[str, float], note: str = "") -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from costmodel.cluster import Cluster
+from costmodel.cluster import Cluster, Link
 from costmodel.cluster_file import parse_cluster
 from hapc.errors import UserError
 from profiler.fit import LinkFit
@@ -102,15 +102,16 @@ def launch_us(result: Mapping[str, Any]) -> float:
 
 
 def link_fields(fit: LinkFit, name: str) -> dict[str, Any]:
-    return {"name": name, **link_numbers(fit)}
+    return {"name": name, **link_numbers(fit.as_link(name))}
 
 
-def link_numbers(fit: LinkFit) -> dict[str, Any]:
-    """The cluster-file numbers of a fitted link: its joint alpha-beta and each kind's own."""
-    out: dict[str, Any] = {"bandwidth_GBps": sig(fit.bandwidth_Bps / 1e9), "latency_us": sig(fit.latency_seconds * 1e6)}
-    if fit.per_kind:
+def link_numbers(link: Link) -> dict[str, Any]:
+    """A link's numbers in the cluster file's units: its own alpha-beta and each collective's."""
+    out: dict[str, Any] = {"bandwidth_GBps": sig(link.bandwidth_Bps / 1e9),
+                           "latency_us": sig(link.latency_seconds * 1e6)}
+    if link.per_kind:
         out["collectives"] = {k: {"bandwidth_GBps": sig(bw / 1e9), "latency_us": sig(a * 1e6)}
-                              for k, (a, bw) in sorted(fit.per_kind.items())}
+                              for k, bw, a in link.per_kind}
     return out
 
 
@@ -219,5 +220,5 @@ def _merged_link(old: Any, fit: LinkFit) -> dict[str, Any]:
         out = {k: v for k, v in dict(old).items() if k not in _LINK_NUMBER_KEYS and k not in ("type", "collectives")}
         if "name" not in out and "type" in old:
             out["name"] = old["type"]
-    out.update(link_numbers(fit))
+    out.update(link_numbers(fit.as_link(out.get("name", ""))))
     return out

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from costmodel.cluster import Cluster
-from costmodel.collectives import best_variant, collective_seconds, resolve_variant
+from costmodel.collectives import best_variant, collective_seconds, dual_variant
 from costmodel.compute import node_seconds
 from costmodel.internal import internal_all_reduces
 from hapc.ir.graph import DTYPE_BYTES, Graph, Node, TensorMeta
@@ -132,11 +132,8 @@ class Prices:
     def _dual(self, kind: str, pieces: list[float], forward_variant: str) -> float:
         """The backward collective, run with its forward's variant as the emitted autograd dual
         runs it (and the simulator prices it); the cheapest one where that has no such form."""
-        try:
-            variant = resolve_variant(kind, forward_variant) if forward_variant else ""
-        except ValueError:
-            variant = ""
-        if not variant:
+        variant = dual_variant(kind, forward_variant)
+        if variant == "auto":
             return self._collective(kind, pieces)[1]
         return collective_seconds(kind, pieces, self.cluster, None, variant)
 

@@ -33,6 +33,10 @@ accepts in list collectives. Each collective has variants, named as the cost mod
 A backend without ``reduce_scatter_tensor`` (older gloo) falls back to all-reduce + slice,
 and one without ``all_to_all_single`` to all-gather + slice; the result is the same.
 
+At the end are the two pieces of process set-up emitted programs share with the profiler and
+the DDP reference, so that all three run alike: :func:`keep_freed_memory` and
+:func:`fused_optimizer`.
+
 This module depends on torch only: code generation copies it beside emitted programs.
 """
 
