@@ -22,6 +22,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from hapc.errors import UserError
+from hapc.functionalize import functionalize
 from hapc.ir.graph import Cost, Graph, Node, Ref, SourceLoc, TensorMeta, Value
 
 # Ops that only reinterpret memory: they move no bytes.
@@ -87,7 +88,7 @@ def trace(model: torch.nn.Module, inputs: Sequence[Any], *, has_rule=None) -> Tr
     except Exception as exc:  # torch's own message names the construct it cannot trace
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"torch.export could not trace the model: {first}") from exc
-    graph = _lift(ep)
+    graph = functionalize(_lift(ep))
     _mark_requires_grad(graph)
     _annotate_costs(graph, ep)
     graph.unsupported = _unsupported(graph, has_rule)
