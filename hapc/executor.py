@@ -55,7 +55,7 @@ def run(program: DistProgram, traced: Traced, inputs: Sequence[torch.Tensor], *,
     for name in graph.params:
         t = traced.tensor(name).detach().clone()
         t = t.to(dtype) if dtype is not None and t.is_floating_point() else t
-        leaves[name] = t.requires_grad_(True)
+        leaves[name] = t.requires_grad_(graph.values[name].requires_grad)
     for v in graph.values.values():
         if v.kind in ("buffer", "constant"):
             t = traced.tensor(v.name).detach().clone()
@@ -83,9 +83,10 @@ def run(program: DistProgram, traced: Traced, inputs: Sequence[torch.Tensor], *,
     loss = loss.reshape(())
     grads: dict[str, torch.Tensor] = {}
     if backward and loss.requires_grad:
-        params = [leaves[p] for p in graph.params]
-        got = torch.autograd.grad(loss, params, allow_unused=True)
-        grads = {p: (g if g is not None else torch.zeros_like(leaves[p])) for p, g in zip(graph.params, got)}
+        trainable = [p for p in graph.params if leaves[p].requires_grad]
+        got = torch.autograd.grad(loss, [leaves[p] for p in trainable], allow_unused=True)
+        found = dict(zip(trainable, got))
+        grads = {p: (g if (g := found.get(p)) is not None else torch.zeros_like(leaves[p])) for p in graph.params}
     return RunResult(loss.detach(), grads)
 
 

@@ -140,7 +140,9 @@ def _lift(ep: torch.export.ExportedProgram) -> Graph:
             if meta is None:
                 continue
             kind, target = kinds.get(fx.name, ("input", None))
-            values[fx.name] = Value(fx.name, meta, kind, target, requires_grad=kind == "param")
+            # A frozen parameter (``requires_grad=False``) is data: no gradient, no sync.
+            trainable = kind == "param" and bool(getattr(fx.meta.get("val"), "requires_grad", True))
+            values[fx.name] = Value(fx.name, meta, kind, target, requires_grad=trainable)
             {"param": params, "buffer": buffers, "input": inputs}.get(kind, []).append(fx.name)
             alias[fx.name] = Ref(fx.name)
         elif fx.op == "call_function" and fx.target is operator.getitem:

@@ -67,8 +67,13 @@ def emit(program: DistProgram, model_file: str, out_dir: str, *, model_kwargs: d
     shutil.copyfile(inspect.getsourcefile(collectives_module), out / "hapc_collectives.py")
     graph = program.graph
     used_constants = {graph.values[n].target for n in graph.values if graph.values[n].kind == "constant"}
-    if constants and used_constants:
-        torch.save({k: t for k, t in constants.items() if k in used_constants}, out / "constants.pt")
+    # A constant traced on the meta device has no data (Falcon's ``x[..., [-2], :]`` index
+    # list): it is left out, and each rank re-derives it from its real module at start-up.
+    with_data = {k: t for k, t in (constants or {}).items() if k in used_constants and not t.is_meta}
+    if with_data:
+        torch.save(with_data, out / "constants.pt")
+    else:
+        (out / "constants.pt").unlink(missing_ok=True)     # never another plan's constants
 
     source = render(program, model_name, model_kwargs=model_kwargs or {}, optimizer=optimizer, seed=seed,
                     plan_summary=plan_summary, cluster=cluster)
