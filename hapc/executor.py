@@ -238,5 +238,7 @@ def _substitute(node: Node, tensors: list[torch.Tensor], dtype: torch.dtype | No
 
 
 def _resolve(op: str):
-    _, packet, overload = op.split(".", 2)
-    return getattr(getattr(torch.ops.aten, packet), overload)
+    """``aten.mm.default`` or any library's ``namespace.op.overload`` (registered when the model
+    file was imported) -> the callable operator."""
+    namespace, packet, overload = op.split(".", 2)
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)

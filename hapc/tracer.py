@@ -211,6 +211,10 @@ def _functional(op: str, fx: torch.fx.Node) -> tuple[str, str | None]:
 
 
 def _op_name(target: Any) -> str:
+    """``namespace.op.overload`` for any operator overload (``aten.mm.default``, a library's
+    ``transformers.grouped_mm_fallback.default``); a plain callable's own name otherwise."""
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._opname}.{target._overloadname}"
     name = str(target)
     return name if name.startswith("aten.") else getattr(target, "__name__", name)
 
@@ -333,12 +337,14 @@ def _counted_flops(graph: Graph, node: Node) -> tuple[float, float]:
 
 
 def _resolve_op(name: str):
-    if not name.startswith("aten."):
+    """The operator overload behind ``namespace.op.overload``, or None (a higher-order op or a
+    name no library registered in this process)."""
+    parts = name.split(".")
+    if len(parts) != 3:
         return None
-    _, packet, overload = name.split(".", 2)
     try:
-        return getattr(getattr(torch.ops.aten, packet), overload)
-    except AttributeError:
+        return getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+    except (AttributeError, RuntimeError):
         return None
 
 
