@@ -8,6 +8,7 @@ calls the library; no pipeline logic lives in the CLI.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -49,8 +50,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)          # bad cluster files fail before any work
     overrides = parse_overrides(args.set)
     mf = load_model_file(args.model, overrides)
-    say(f"tracing {args.model}")
-    traced = _trace_model_file(mf, trace)
+    with _transient(f"tracing {args.model}", quiet=getattr(args, "quiet", False)):
+        traced = _trace_model_file(mf, trace)
     if traced.graph.unsupported:
         ops = ", ".join(f"{op} ({where[0]})" for op, where in sorted(traced.graph.unsupported.items()))
         print(f"hapc: warning: no sharding rule, these run replicated: {ops}", file=sys.stderr)
@@ -73,6 +74,20 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     if emitted:
         print(f"run it: torchrun --nproc_per_node={cluster.world} {out / 'program.py'} --device cpu --verify")
     return 0
+
+
+@contextlib.contextmanager
+def _transient(msg: str, *, quiet: bool):
+    """A progress line on a terminal that is erased when the work ends, so that a failure
+    (a model torch.export cannot trace) leaves exactly its one error line."""
+    show = not quiet and sys.stderr.isatty()
+    if show:
+        print(f"  {msg}", end="\r", file=sys.stderr, flush=True)
+    try:
+        yield
+    finally:
+        if show:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
 
 
 def _trace_model_file(mf, trace):

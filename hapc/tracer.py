@@ -13,7 +13,6 @@ from __future__ import annotations
 import operator
 import os
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from hapc.errors import UserError
 from hapc.functionalize import functionalize
+from hapc.quiet import quiet_torch
 from hapc.ir.graph import Cost, Graph, Node, Ref, SourceLoc, TensorMeta, Value
 
 # Ops that only reinterpret memory: they move no bytes.
@@ -83,18 +83,34 @@ def trace(model: torch.nn.Module, inputs: Sequence[Any], *, has_rule=None) -> Tr
     start = time.perf_counter()
     inputs = tuple(inputs)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet_torch():
             ep = torch.export.export(model, inputs, strict=False)
+    except UserError:
+        raise
     except Exception as exc:  # torch's own message names the construct it cannot trace
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"torch.export could not trace the model: {first}") from exc
+        raise UserError(f"torch.export could not trace the model: {_export_error(exc)}") from exc
     graph = functionalize(_lift(ep))
     _mark_requires_grad(graph)
     _annotate_costs(graph, ep)
     graph.unsupported = _unsupported(graph, has_rule)
     constants = {k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)}
     return Traced(graph, model, constants, time.perf_counter() - start)
+
+
+def _export_error(exc: Exception) -> str:
+    """torch.export's first line, and the user's line that raised it when torch names one."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() == "The following call raised this error:" and i + 1 < len(lines):
+            frame = lines[i + 1].strip()
+            if frame.startswith('File "') and ", line " in frame:
+                file = os.path.basename(frame.split('"')[1])
+                lineno = frame.split(", line ")[1].split(",")[0]
+                code = lines[i + 2].strip() if i + 2 < len(lines) else ""
+                return f"{first} (at {file}:{lineno}: {code})" if code else f"{first} (at {file}:{lineno})"
+    return first
 
 
 def _meta_of(val: Any) -> TensorMeta | None:
