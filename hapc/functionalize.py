@@ -93,7 +93,7 @@ class _Functionalizer:
             node = replace(traced, args=self._read(traced.args), kwargs=self._read(traced.kwargs))
             if target is not None and node.outputs:
                 node = replace(node, mutates=None)
-                self.nodes.append(node)
+                self.nodes.append(self._copy_as_clone(node) if node.op == "aten.copy.default" else node)
                 self._write(target, node.outputs[0], node)
                 # The in-place op's own result is the written tensor itself.
                 for out in node.outputs[:1]:
@@ -218,15 +218,28 @@ class _Functionalizer:
                               (Ref(parent), Ref(content), args[1], args[2], offset), pmeta)
         raise self._unsupported(v, at)
 
+    def _copy_as_clone(self, node: Node) -> Node:
+        """``copy_(dst, src)`` as ops autograd can differentiate (``aten.copy`` has no
+        derivative): ``src`` cast to ``dst``'s dtype, broadcast to its shape, cloned."""
+        dst, src = node.args[0], node.args[1]
+        want, have = self.graph.values[dst.name].meta, self.graph.values[src.name].meta
+        value = src
+        if have.dtype != want.dtype:
+            meta = type(have)(have.shape, want.dtype)
+            value = Ref(self._emit(node, "aten._to_copy.default", (value,), meta, {"dtype": want.dtype}))
+        if have.shape != want.shape:
+            value = Ref(self._emit(node, "aten.expand.default", (value, list(want.shape)), want))
+        return replace(node, op="aten.clone.default", args=(value,), kwargs={})
+
     def _unsupported(self, v: _View, at: Node) -> UserError:
         where = f" at {at.source}" if at.source else ""
         return UserError(f"an in-place write ({at.op}) into a view made by {v.node.op}{where} is not supported; "
                          "write into a fresh tensor (torch.cat, torch.where) instead")
 
-    def _emit(self, at: Node, op: str, args: tuple, meta) -> str:
+    def _emit(self, at: Node, op: str, args: tuple, meta, kwargs: dict | None = None) -> str:
         out = self._new_name(f"{at.name}_into")
         self.graph.values[out] = Value(out, meta, "activation")
-        self.nodes.append(Node(name=out, op=op, args=args, kwargs={}, outputs=(out,), source=at.source))
+        self.nodes.append(Node(name=out, op=op, args=args, kwargs=kwargs or {}, outputs=(out,), source=at.source))
         return out
 
     def _new_name(self, stem: str) -> str:
