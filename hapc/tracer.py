@@ -260,19 +260,21 @@ def _inline_hop(fx: torch.fx.Node, prefix: str, root: torch.fx.GraphModule, lift
     * ``wrap``, ``tag_activation_checkpoint``, ``invoke_subgraph``: the same values as inline code.
     """
     hop = fx.target.name()
-    where = f" at {_source(fx)}" if _source(fx) else ""
+    body_at = next((i for i, a in enumerate(fx.args) if isinstance(a, torch.fx.Node) and a.op == "get_attr"), None)
+    body = root
+    for part in fx.args[body_at].target.split(".") if body_at is not None else ():
+        body = getattr(body, part)
+    # The op itself carries no stack trace; the first op of its body names the user's line.
+    located = [_source(n) for n in ([fx] + list(getattr(body, "graph", root.graph).nodes)) if n.op == "call_function"]
+    where = next((f" at {loc}" for loc in located if loc is not None), "")
     if hop not in INLINED_HOPS:
         raise UserError(f"torch.export produced the higher-order op {hop}{where}, which hapc cannot "
                         "run yet; rewrite that region without it")
-    body_at = next((i for i, a in enumerate(fx.args) if isinstance(a, torch.fx.Node) and a.op == "get_attr"), None)
     if body_at is None:
         raise UserError(f"the higher-order op {hop}{where} has no body to inline")
     if hop == "wrap_with_autocast" and fx.args[2]:
         raise UserError(f"an enabled torch.autocast region inside forward{where} is not supported; "
                         "choose the precision with hapc compile --precision instead")
-    body = root
-    for part in fx.args[body_at].target.split("."):
-        body = getattr(body, part)
     inner = f"{prefix}{fx.name}__"
     operands = [lift_arg(a, prefix) for a in fx.args[body_at + 1:]]
     results = [lift_arg(a, inner) for a in lift_graph(body.graph, inner, operands)]

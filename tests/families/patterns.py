@@ -79,7 +79,7 @@ class Net(nn.Module):
     def no_grad_autocast(self, ids, labels):
         h = self.proj(self.emb(ids))[..., :HIDDEN]
         with torch.autocast("cpu", enabled=False):
-            h = torch.sin(h.float()) * 2
+            h = torch.sin(h) * 2
         with torch.no_grad():
             scale = h.abs().amax(-1, keepdim=True)
         return h / (scale + 1)
