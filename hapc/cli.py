@@ -98,10 +98,15 @@ def _trace_model_file(mf, trace):
     try:
         model = mf.build_model(device="meta")
         inputs = tuple(t.to("meta") for t in mf.build_inputs())
-        return trace(model, inputs)
+        traced = trace(model, inputs)
+        if not traced.dataless_constants():
+            return traced
     except UserError:
-        model = mf.build_model()
-        return trace(model, mf.build_inputs())
+        pass
+    # Real tensors: also when the meta trace lifted tensors it made in forward (a list index,
+    # torch.tensor(...)) without their data; a trace on CPU gives graph and data together.
+    model = mf.build_model()
+    return trace(model, mf.build_inputs())
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:

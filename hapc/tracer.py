@@ -60,6 +60,12 @@ class Traced:
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
     seconds: float = 0.0
 
+    def dataless_constants(self) -> list[str]:
+        """Constants the graph reads that were traced on the meta device and so carry no data
+        (Falcon's ``x[..., [-2], :]`` index list): a program must re-derive them."""
+        return sorted(v.target for v in self.graph.values.values()
+                      if v.kind == "constant" and v.target in self.constants and self.constants[v.target].is_meta)
+
     def tensor(self, name: str) -> torch.Tensor:
         """The real tensor behind a parameter, buffer or lifted constant."""
         v = self.graph.values[name]

@@ -109,6 +109,7 @@ def test_constants_traced_on_meta_are_rederived_not_saved_empty(tmp_path):
         model = patterns.model("list_index")
     traced = hapc.trace(model, tuple(t.to("meta") for t in patterns.inputs()))
     assert traced.constants and all(t.is_meta for t in traced.constants.values())
+    assert traced.dataless_constants() == sorted(traced.constants)
     (tmp_path / "constants.pt").write_bytes(b"stale")
     program = baseline_program("dp-flops", traced.graph, load_cluster(UNEVEN))
     emit(program, str(FAMILIES / "patterns.py"), str(tmp_path), model_kwargs={"pattern": "list_index"},
