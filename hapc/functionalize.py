@@ -154,9 +154,9 @@ class _Functionalizer:
             self.seen[name] = self.version[base]
         if self.graph.values[base].kind == "buffer":
             # The emitted program writes a buffer's new value back for the next step.
-            producer = next(n for n in reversed(self.nodes) if content in n.outputs)
-            idx = self.nodes.index(producer)
-            self.nodes[idx] = replace(producer, mutates=base)
+            at_ = next((i for i in range(len(self.nodes) - 1, -1, -1) if content in self.nodes[i].outputs), None)
+            if at_ is not None:
+                self.nodes[at_] = replace(self.nodes[at_], mutates=base)
 
     def _alias(self, out: str, target: str) -> None:
         """``out`` (the result of an in-place op on ``target``) shares ``target``'s memory."""
