@@ -26,7 +26,7 @@ from hapc.rules.spec import pointwise_strategies
     Sample((Ids(9, 5, 7), T(2))), Sample((T(5, 7), T(7))), Sample((T(5, 7), Ids(3, 2)))])
 def type_as_rule(node: Node, graph: Graph) -> list[Strategy]:
     x, other = node.input_refs()[:2]
-    linear = _keeps_sums(node, graph)
+    linear = keeps_partial_sums(node, graph)
     found = pointwise_strategies(node, graph, "additive" if linear else None)
     if graph.meta(other).shape != graph.meta(node.outputs[0]).shape:
         found = [Strategy((s.inputs[0], R), s.outputs) for s in found if s.inputs[0] != R]
@@ -40,10 +40,10 @@ def type_as_rule(node: Node, graph: Graph) -> list[Strategy]:
     Sample((T(5, 7), torch.device("cpu"), torch.float64)),
     Sample((Ids(9, 5, 7), torch.device("cpu"), torch.int32)), Sample((T(5, 7), torch.device("cpu"), torch.int64))])
 def to_device_rule(node: Node, graph: Graph) -> list[Strategy]:
-    return pointwise_strategies(node, graph, "additive" if _keeps_sums(node, graph) else None)
+    return pointwise_strategies(node, graph, "additive" if keeps_partial_sums(node, graph) else None)
 
 
-def _keeps_sums(node: Node, graph: Graph) -> bool:
+def keeps_partial_sums(node: Node, graph: Graph) -> bool:
     """A cast keeps a ``Partial`` sum only between float types: to an integer it would round
     each piece, not the sum. (Into a narrower float it rounds each piece too, by at most the
     precision the cast asks for.)"""
