@@ -7,7 +7,7 @@ PIP    := $(VENV)/bin/pip
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-all lint rules-check bench golden clean
+.PHONY: install demo test test-all test-torch lint rules-check bench golden clean
 
 install: $(STAMP)
 
@@ -27,6 +27,12 @@ test: install
 
 test-all: install
 	$(PY) -m pytest -q -m ""
+
+# The tracer, rule-checker, executor and emitted-program tests against another torch, in a venv
+# of its own (.venv-torch-<version>, kept between runs; the main .venv is not touched):
+#   make test-torch TORCH_SPEC=torch==2.14.1      (TEST_TORCH_SLOW=0 skips the torchrun tests)
+test-torch:
+	scripts/test_torch.sh "$(TORCH_SPEC)"
 
 lint: install
 	$(VENV)/bin/ruff check .

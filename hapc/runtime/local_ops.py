@@ -104,12 +104,16 @@ def dropout(ctx: RankCtx, x: torch.Tensor, p: float, train: bool | None = True) 
 
 @local_op
 def vocab_parallel_embedding(ctx: RankCtx, weight: torch.Tensor, ids: torch.Tensor,
-                             *rest: Any) -> torch.Tensor:
-    """Rows of a vocabulary shard; ids owned by other ranks give zeros (output is Partial)."""
+                             padding_idx: int = -1, *rest: Any, **kwargs: Any) -> torch.Tensor:
+    """Rows of a vocabulary shard; ids owned by other ranks give zeros (output is Partial).
+    The rank that owns ``padding_idx`` keeps that row's gradient at zero, as torch does."""
     info = ctx.inputs[0]
     local = ids - info.offset
     mine = (local >= 0) & (local < info.length)
-    out = torch.nn.functional.embedding(torch.where(mine, local, torch.zeros_like(local)), weight)
+    padding_idx = kwargs.get("padding_idx", padding_idx)
+    local_pad = padding_idx - info.offset if padding_idx is not None and padding_idx >= 0 else -1
+    out = torch.nn.functional.embedding(torch.where(mine, local, torch.zeros_like(local)), weight,
+                                        padding_idx=local_pad if 0 <= local_pad < info.length else None)
     return out * mine.unsqueeze(-1).to(out.dtype)
 
 
