@@ -141,6 +141,15 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return calibrate_cli(args, say=_progress(args))
 
 
+def _cmd_export_weights(args: argparse.Namespace) -> int:
+    from hapc.checkpoints import export_weights
+
+    done = export_weights(args.checkpoint, args.output)
+    print(f"wrote {args.output}: {done.tensors} tensors, {done.bytes / 1e6:.2f} MB, the weights after step "
+          f"{done.step} (from {done.checkpoint})")
+    return 0
+
+
 def _cmd_rules(args: argparse.Namespace) -> int:
     from hapc.rules.__main__ import main as rules_main
 
@@ -254,6 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per run")
     cal.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     cal.set_defaults(func=_cmd_calibrate)
+
+    exw = sub.add_parser("export-weights", help="write a checkpoint's weights as a single-device state_dict",
+                         description="Read a checkpoint an emitted program saved (--save DIR), under any plan "
+                                     "and world size, and write the model's whole tensors with torch.save, "
+                                     "keyed as model.state_dict() (model.load_state_dict(torch.load(OUT))).")
+    exw.add_argument("checkpoint", metavar="DIR", help="the --save folder (its latest step) or one step-N folder")
+    exw.add_argument("output", metavar="OUT.pt")
+    exw.set_defaults(func=_cmd_export_weights)
     return parser
 
 
