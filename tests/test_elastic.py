@@ -236,7 +236,10 @@ def test_gpt_resumes_from_four_ranks_dp_to_three_ranks_tp_and_back(tmp_path):
     state = torch.load(tmp_path / "w.pt")
     worst = max((state[k] - v).abs().max().item() for k, v in reference.state_dict().items())
     print(f"exported weights vs one device: max_abs_err={worst:.1e}")
-    assert worst <= TOLERANCE
+    # AdamW moves a weight by up to lr (1e-3) a step whatever the gradient's size, so float
+    # rounding in a near-zero gradient shows in the weights (5e-5 seen after 6 steps) though not
+    # in the loss; a piece loaded at the wrong offset would be off by the weights' own scale.
+    assert worst <= 1e-3
 
 
 @pytest.mark.slow
@@ -248,3 +251,94 @@ def test_a_corrupted_checkpoint_stops_every_rank_with_one_line(tmp_path):
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("program.py: --load:")]
     assert len(lines) == 1 and "a checkpoint of another model (m.py)" in lines[0], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+
+
+# ---- replan ------------------------------------------------------------------------------------
+
+def _plan_file(directory: Path, model: str, plan: str) -> Path:
+    """plan.json of a SMALL model's plan on the small mixed cluster (4 devices)."""
+    from test_codegen import SMALL_MIXED, traced_small
+
+    import hapc
+
+    traced, path, small = traced_small(model)
+    if plan == "synth":
+        made = hapc.synthesize(traced, None, SMALL_MIXED, model_file=str(path), model_kwargs=small)
+    else:
+        made = hapc.baseline(traced, None, SMALL_MIXED, plan, model_file=str(path), model_kwargs=small)
+    made.save(directory / "plan.json")
+    return directory / "plan.json"
+
+
+@pytest.fixture(scope="module")
+def small_plan(tmp_path_factory):
+    return _plan_file(tmp_path_factory.mktemp("old"), "mlp", "dp-flops")
+
+
+def test_cluster_edits_renumber_ranks_and_slow_a_device():
+    from costmodel.cluster_edit import slowed, surviving_ranks, without_devices
+
+    eight = load_cluster(Path(__file__).resolve().parent.parent / "configs/clusters/hap-8gpu-v100x4-p100x4.yaml")
+    seven = without_devices(eight, [1])
+    assert seven.world == 7 and [d.index for d in seven.devices] == list(range(7))
+    assert [len(n.devices) for n in seven.nodes] == [3, 4] and seven.devices[3].type == "P100-16GB"
+    assert seven.devices[3].node == 1 and surviving_ranks(8, [1]) == [0, 2, 3, 4, 5, 6, 7, 8][:7]
+    assert [len(n.devices) for n in without_devices(eight, [0, 1, 2, 3]).nodes] == [4]
+    slow = slowed(eight, {5: 4.0})
+    assert slow.devices[5].peak_flops["fp32"] == pytest.approx(eight.devices[5].peak_flops["fp32"] / 4)
+    assert slow.devices[4] == eight.devices[4]
+
+
+def test_replan_drop_quick_keeps_the_program_on_three_devices(small_plan, tmp_path, capsys):
+    from hapc.plan import Plan
+
+    out = tmp_path / "new"
+    assert cli_main(["replan", str(small_plan), "--drop", "1", "--quick", "-o", str(out), "-q"]) == 0
+    said = capsys.readouterr().out
+    assert "replanned 4 -> 3 devices" in said and "the old program re-balanced" in said
+    old, new = Plan.load(small_plan), Plan.load(out / "plan.json")
+    assert new.cluster.world == 3 and new.search["kept_program"] and new.search["effort"] == "quick"
+    assert [s.node for s in new.program.steps if hasattr(s, "node")] == \
+        [s.node for s in old.program.steps if hasattr(s, "node")]
+    assert "WORLD = 3" in (out / "program.py").read_text() and (out / "hapc_checkpoint.py").exists()
+
+
+def test_replan_slow_moves_work_off_the_slowed_device(small_plan, tmp_path, capsys):
+    from hapc.plan import Plan
+
+    out = tmp_path / "slow"
+    assert cli_main(["replan", str(small_plan), "--slow", "0=8", "--quick", "-o", str(out), "-q", "--no-emit"]) == 0
+    old, new = Plan.load(small_plan), Plan.load(out / "plan.json")
+    assert new.cluster.world == 4 and new.ratios[0] < 0.75 * old.ratios[0] and new.ratios[0] == min(new.ratios)
+    assert new.cluster.devices[0].peak_flops["fp32"] == pytest.approx(old.cluster.devices[0].peak_flops["fp32"] / 8)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--drop", "9"], "--drop 9: the cluster has ranks 0..3"),
+    (["--slow", "1"], "--slow 1: expected RANK=FACTOR"),
+    (["--slow", "1=0"], "--slow 1=0: the factor must be positive"),
+    (["--drop", "0,1,2,3"], "--drop: that would leave no device"),
+])
+def test_replan_bad_changes_are_one_line_errors(small_plan, tmp_path, capsys, args, message):
+    assert cli_main(["replan", str(small_plan), *args, "-o", str(tmp_path / "x"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_replan_needs_a_change(small_plan, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["replan", str(small_plan), "-o", str(tmp_path / "x")])
+    assert exc.value.code == 2 and "give the change" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_replan_search_on_a_synthesized_gpt_plan_is_no_worse_than_keeping_it(tmp_path, capsys):
+    from hapc.plan import Plan
+
+    old = _plan_file(tmp_path, "gpt", "synth")
+    assert cli_main(["replan", str(old), "--drop", "3", "-o", str(tmp_path / "new"), "-q"]) == 0
+    new = Plan.load(tmp_path / "new" / "plan.json")
+    quick = tmp_path / "quick"
+    assert cli_main(["replan", str(old), "--drop", "3", "--quick", "-o", str(quick), "-q", "--no-emit"]) == 0
+    assert new.search["effort"] == "search" and new.cluster.world == 3
+    assert new.cost <= Plan.load(quick / "plan.json").cost * (1 + 1e-9)
