@@ -158,7 +158,7 @@ def _cmd_replan(args: argparse.Namespace) -> int:
         if args.measured:
             from hapc.straggler import measured_cluster
 
-            cluster = measured_cluster(args.measured, cluster, say=_progress(args))
+            cluster = measured_cluster(args.measured, cluster, list(old.sim.compute_seconds), say=_progress(args))
         if args.slow:
             cluster = slowed(cluster, dict(_rank_factor(s) for s in args.slow))
         if args.drop:

@@ -15,6 +15,7 @@ result equals the single-device weights.
 from __future__ import annotations
 
 import importlib.util
+import re
 import socket
 import sys
 from pathlib import Path
@@ -184,9 +185,10 @@ def test_one_rank_program_saves_resumes_and_exports_single_device_weights(tmp_pa
     assert program.main(["--steps", "2", "--save", str(ck)]) == 0
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
-    assert program.main(["--steps", "1", "--load", str(ck), "--save", str(ck)]) == 0
+    assert program.main(["--steps", "1", "--load", str(ck), "--save", str(ck), "--timings"]) == 0
     out = capsys.readouterr().out
     assert "resumed from" in out and (ck / "step-00000003" / K.MANIFEST).exists()
+    assert re.search(r"^timing step 3 rank 0 compute_s [0-9.]+ comm_s [0-9.]+ idle_s [0-9.]+$", out, re.M)
     assert (ck / K.LATEST).read_text().strip() == "step-00000003"
     losses, reference = single_device_run(path, 3)
     got = step_losses(out)
@@ -342,3 +344,49 @@ def test_replan_search_on_a_synthesized_gpt_plan_is_no_worse_than_keeping_it(tmp
     assert cli_main(["replan", str(old), "--drop", "3", "--quick", "-o", str(quick), "-q", "--no-emit"]) == 0
     assert new.search["effort"] == "search" and new.cluster.world == 3
     assert new.cost <= Plan.load(quick / "plan.json").cost * (1 + 1e-9)
+
+
+# ---- straggler report --------------------------------------------------------------------------
+
+def test_timings_split_blocked_time_into_comm_and_idle():
+    from hapc.runtime.timings import split
+
+    # Rank 1 computed 0.3 s longer: rank 0 idled that long of its 0.4 s blocked, the rest was comm.
+    (c0, m0, i0), (c1, m1, i1) = split([1.0, 1.0], [0.4, 0.1])
+    assert (c0, c1) == pytest.approx((0.6, 0.9)) and (i0, m0) == pytest.approx((0.3, 0.1))
+    assert (i1, m1) == pytest.approx((0.0, 0.1))
+
+
+def test_speeds_within_noise_count_as_equal_and_a_straggler_stands_out():
+    from hapc.straggler import rank_speeds
+
+    predicted = [0.1, 0.1, 0.1, 0.1]
+    samples = {0: [0.100, 0.104, 0.098], 1: [0.150, 0.102, 0.130],    # identical devices, noisy
+               2: [0.120, 0.101, 0.110], 3: [0.300, 0.310, 0.295]}   # rank 3 is three times slower
+    speeds = rank_speeds(samples, predicted)
+    assert speeds[0].group == speeds[1].group == speeds[2].group == (0, 1, 2)
+    assert speeds[0].slowdown == speeds[1].slowdown == 1.0
+    assert speeds[3].group == (3,) and speeds[3].slowdown == pytest.approx(0.300 / 0.104, rel=0.1)
+
+
+def test_replan_measured_gives_the_straggler_less_work(small_plan, tmp_path, capsys):
+    from hapc.plan import Plan
+
+    old = Plan.load(small_plan)
+    log = tmp_path / "run.log"
+    lines = []
+    for step in range(1, 5):
+        for r, predicted in enumerate(old.sim.compute_seconds):
+            factor = 3.0 if r == 1 else 1.0 + 0.01 * ((step + r) % 3)
+            lines.append(f"timing step {step} rank {r} compute_s {predicted * factor:.9f} comm_s 0 idle_s 0")
+    log.write_text("step 1 loss 2.0 time 0.1\n" + "\n".join(lines) + "\n")
+    out = tmp_path / "m"
+    assert cli_main(["replan", str(small_plan), "--measured", str(log), "--quick", "-o", str(out), "--no-emit"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"ranks 1: 2\.9\dx slower", err) and "ranks 0,2,3: the fastest" in err
+    new = Plan.load(out / "plan.json")
+    assert new.ratios[1] < old.ratios[1] and new.ratios[1] == min(new.ratios)
+    empty = tmp_path / "empty.log"
+    empty.write_text("step 1 loss 2.0\n")
+    assert cli_main(["replan", str(small_plan), "--measured", str(empty), "-o", str(out), "-q"]) == 2
+    assert "run the program with --timings" in capsys.readouterr().err

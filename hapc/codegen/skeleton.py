@@ -390,6 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--save-every", type=int, default=0, metavar="N", help="also save every N steps")
     parser.add_argument("--load", metavar="DIR", default=None,
                         help="resume from a checkpoint (DIR/latest or a step directory), saved by any plan")
+    parser.add_argument("--timings", action="store_true",
+                        help="print each rank's compute, communication and idle seconds per step")
     args = parser.parse_args(argv)
     if args.load and args.verify:
         parser.error("--verify compares with the initial weights; it cannot follow --load")
@@ -432,8 +434,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
             if trainer.rank == 0:
                 print(f"resumed from {args.load} at step {first}", flush=True)
+        clock = _load("hapc_timings", "hapc_timings.py").StepClock() if args.timings else None
+        if clock is not None:
+            clock.install()
         for i in range(first, first + args.steps):
             synchronize()
+            if clock is not None:
+                clock.start()
             start = time.perf_counter()
             loss = trainer.step(batch)
             synchronize()
@@ -449,6 +456,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             times.append(seconds)
             if trainer.rank == 0:
                 print(f"step {i + 1} loss {loss.item():.6f} time {seconds:.6f}", flush=True)
+            if clock is not None:
+                for line in _load("hapc_timings", "hapc_timings.py").report(i + 1, *clock.stop(), device):
+                    print(line, flush=True)
             if args.save and (i + 1 == first + args.steps or (args.save_every and (i + 1) % args.save_every == 0)):
                 saved = save_checkpoint(args.save, trainer, optimizer, data_position=i + 1)
                 if trainer.rank == 0:
