@@ -464,7 +464,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if trainer.rank == 0:
                     print(f"saved {saved}", flush=True)
         if trainer.rank == 0 and len(times) > 1:
-            print(f"median step time {statistics.median(times[1:]):.6f} s over steps 2..{len(times)}", flush=True)
+            print(f"median step time {statistics.median(times[1:]):.6f} s over steps "
+                  f"{first + 2}..{first + len(times)}", flush=True)
         return 0 if ok else 1
     finally:
         dist.destroy_process_group()
