@@ -203,6 +203,18 @@ def test_one_rank_program_saves_resumes_and_exports_single_device_weights(tmp_pa
         assert torch.allclose(state[key], value, atol=TOLERANCE, rtol=0), key
 
 
+def test_the_runtime_files_beside_the_program_need_only_torch(tmp_path):
+    import ast
+
+    path = emit_model("mlp", plan_for("mlp", "dp-even", _cluster([0.3, 0.3])), tmp_path)
+    for sibling in ("hapc_checkpoint.py", "hapc_timings.py"):
+        tree = ast.parse((path.parent / sibling).read_text())
+        roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert roots <= {"__future__", "dataclasses", "functools", "json", "math", "os", "time", "warnings", "zlib",
+                         "collections", "pathlib", "typing", "torch"}, (sibling, roots)
+
+
 def test_export_weights_refuses_what_is_not_a_checkpoint(tmp_path, capsys):
     assert cli_main(["export-weights", str(tmp_path / "none"), str(tmp_path / "w.pt")]) == 2
     err = capsys.readouterr().err
@@ -245,14 +257,15 @@ def test_gpt_resumes_from_four_ranks_dp_to_three_ranks_tp_and_back(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_corrupted_checkpoint_stops_every_rank_with_one_line(tmp_path):
+def test_a_checkpoint_of_another_model_stops_every_rank_with_one_line(tmp_path):
     _save(tmp_path / "ck")    # a checkpoint of another model (a small Sequential)
     prog = emit_model("gpt", plan_for("gpt", "dp-even", _cluster([0.3, 0.3])), tmp_path / "dp2")
     proc = torchrun(prog, 2, "--steps", "1", "--load", str(tmp_path / "ck"))
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("program.py: --load:")]
     assert len(lines) == 1 and "a checkpoint of another model (m.py)" in lines[0], proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr
+    # torchrun reports a failed worker with its own traceback; the program itself raised nothing.
+    assert "program.py\", line" not in proc.stderr and "hapc_checkpoint.py\", line" not in proc.stderr
 
 
 # ---- replan ------------------------------------------------------------------------------------
