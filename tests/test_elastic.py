@@ -403,3 +403,20 @@ def test_replan_measured_gives_the_straggler_less_work(small_plan, tmp_path, cap
     empty.write_text("step 1 loss 2.0\n")
     assert cli_main(["replan", str(small_plan), "--measured", str(empty), "-o", str(out), "-q"]) == 2
     assert "run the program with --timings" in capsys.readouterr().err
+
+
+def test_profile_splits_devices_only_on_differences_beyond_their_spread():
+    from profiler.clusterfile import group_ranks
+    from profiler.timing import relative_spread
+
+    def core(gflops: float, spread: float) -> dict:
+        return {"name": "cpu", "peak_flops": {"fp32": gflops * 1e9}, "hbm_bandwidth_Bps": 10e9, "flops_spread": spread}
+
+    assert relative_spread([1.0, 1.2, 1.4]) == pytest.approx(0.2 / 1.2)
+    # The two identical cores, measured 31.7 and 46.6 GFLOPS with +-20% window spreads: one kind.
+    assert group_ranks([core(31.7, 0.2), core(46.6, 0.2)]) == [[0, 1]]
+    # The same figures measured steadily (+-1%): told apart.
+    assert group_ranks([core(31.7, 0.01), core(46.6, 0.01)]) == [[0], [1]]
+    # Old profiles without a spread keep the 15% rule.
+    plain = [{k: v for k, v in core(g, 0).items() if k != "flops_spread"} for g in (40.0, 44.0, 60.0)]
+    assert group_ranks(plain) == [[0, 1], [2]]
