@@ -420,3 +420,13 @@ def test_profile_splits_devices_only_on_differences_beyond_their_spread():
     # Old profiles without a spread keep the 15% rule.
     plain = [{k: v for k, v in core(g, 0).items() if k != "flops_spread"} for g in (40.0, 44.0, 60.0)]
     assert group_ranks(plain) == [[0, 1], [2]]
+
+
+def test_a_checkpoint_of_another_optimizer_is_refused(tmp_path):
+    _save(tmp_path)                           # AdamW
+    fresh, params, _, held = _trained_linear(seed=1)
+    sgd = torch.optim.SGD(params.values(), lr=0.1, momentum=0.9)
+    before = {k: p.detach().clone() for k, p in params.items()}
+    with pytest.raises(K.CheckpointError, match="saved by another optimizer"):
+        K.load(tmp_path, held, fresh, sgd, params)
+    assert all(torch.equal(before[k], p) for k, p in params.items())     # nothing half-loaded

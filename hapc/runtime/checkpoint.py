@@ -36,6 +36,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import warnings
 import zlib
 from collections.abc import Mapping
@@ -260,9 +261,9 @@ def save(root: str | os.PathLike, held: Mapping[str, Held], module: torch.nn.Mod
     entries.update(_optimizer_entries(optimizer, params, tensors))
     entries[PROGRESS] = dataclasses.asdict(progress)
     state, pieces = _split(entries)
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    if rank == 0 and (directory / MANIFEST).exists():
-        (directory / MANIFEST).unlink()     # rewriting a step: incomplete until the new manifest
+    rank = _rank()
+    if rank == 0 and directory.exists():
+        shutil.rmtree(directory)     # rewriting a step (maybe from another world size): start clean
     _barrier()
     dcp.save(state, storage_writer=dcp.FileSystemWriter(directory), planner=_PieceSavePlanner(pieces))
     _barrier()
@@ -373,11 +374,12 @@ def load(path: str | os.PathLike, held: Mapping[str, Held], module: torch.nn.Mod
     except Exception as exc:       # DCP wraps per-rank failures; keep it to one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"{directory}: cannot be read ({type(exc).__name__}: {first})") from None
+    optimizer_state = _optimizer_state(optimizer, params, state, directory)   # checked before anything changes
     with torch.no_grad():
         for key, h in tensors.items():
             if key in held:
                 held[key].tensor.copy_(state[f"{MODEL}{key}"])
-    _restore_optimizer(optimizer, params, state, directory)
+    optimizer.load_state_dict(optimizer_state)
     progress = state[PROGRESS]
     return Progress(int(progress["step"]), int(progress["data_position"]))
 
@@ -406,8 +408,10 @@ def _optimizer_slots(saved: Mapping[str, Any], tensors: Mapping[str, Held], wher
     return out
 
 
-def _restore_optimizer(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor],
-                       state: Mapping[str, Any], where: Path) -> None:
+def _optimizer_state(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor],
+                     state: Mapping[str, Any], where: Path) -> dict[str, Any]:
+    """The loaded entries as ``optimizer.state_dict()`` of this program's optimizer, checked to
+    be for the same optimizer and parameters."""
     name_of = {id(p): name for name, p in params.items()}
     index: dict[str, int] = {}
     for group in optimizer.param_groups:
@@ -422,13 +426,16 @@ def _restore_optimizer(optimizer: torch.optim.Optimizer, params: Mapping[str, to
     for saved, now in zip(saved_groups, current["param_groups"]):
         if sorted(saved["params"]) != sorted(name_of[id(p)] for p in _group_params(optimizer, now)):
             raise CheckpointError(f"{where}: the optimizer's parameter groups hold other parameters")
+        if set(saved) != set(now):
+            raise CheckpointError(f"{where}: saved by another optimizer (settings {sorted(set(saved) - {'params'})}, "
+                                  f"this one has {sorted(set(now) - {'params'})})")
         groups.append({**saved, "params": [index[n] for n in saved["params"]]})
     per_param: dict[int, dict[str, Any]] = {}
     for key, value in state.items():
         if key.startswith(OPTIM) and key != PARAM_GROUPS:
             name, entry = key[len(OPTIM):].rsplit("/", 1)
             per_param.setdefault(index[name], {})[entry] = value
-    optimizer.load_state_dict({"state": per_param, "param_groups": groups})
+    return {"state": per_param, "param_groups": groups}
 
 
 def _group_params(optimizer: torch.optim.Optimizer, group_state: Mapping[str, Any]) -> list[torch.Tensor]:
