@@ -153,7 +153,9 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
     chosen = min(fitting, key=lambda k: (fitting[k][1].iteration_seconds, k != "kept"))
     program, sim = fitting[chosen]
     name = old.name if chosen == "kept" else (result.best.name if effort == "full" else "hapc")
-    info.update({"replanned_from": old.cluster.name or f"{old.cluster.world} devices",
-                 "kept_program": chosen == "kept", "effort": effort})
+    if chosen == "kept":
+        info = dict(old.search)           # the program is the old search's
+    info["replan"] = {"from": old.cluster.name or f"{old.cluster.world} devices", "kept_program": chosen == "kept",
+                      "effort": effort}
     plan = Plan(program, cluster, sim, name, baselines, info, dict(old.model))
     return Replanned(plan, chosen == "kept", effort, time.perf_counter() - started, old.cost, carried_cost)

@@ -312,7 +312,7 @@ def test_replan_drop_quick_keeps_the_program_on_three_devices(small_plan, tmp_pa
     said = capsys.readouterr().out
     assert "replanned 4 -> 3 devices" in said and "the old program re-balanced" in said
     old, new = Plan.load(small_plan), Plan.load(out / "plan.json")
-    assert new.cluster.world == 3 and new.search["kept_program"] and new.search["effort"] == "quick"
+    assert new.cluster.world == 3 and new.search["replan"]["kept_program"] and new.search["replan"]["effort"] == "quick"
     assert [s.node for s in new.program.steps if hasattr(s, "node")] == \
         [s.node for s in old.program.steps if hasattr(s, "node")]
     assert "WORLD = 3" in (out / "program.py").read_text() and (out / "hapc_checkpoint.py").exists()
@@ -347,16 +347,26 @@ def test_replan_needs_a_change(small_plan, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_replan_search_on_a_synthesized_gpt_plan_is_no_worse_than_keeping_it(tmp_path, capsys):
+def test_replan_after_a_lost_device_resumes_the_loss_curve(tmp_path, capsys):
+    """The README demo as a test: 4 ranks, drop one, replan (one search; no worse than keeping
+    the old program), resume on 3 from the checkpoint, continue one device's losses."""
     from hapc.plan import Plan
 
-    old = _plan_file(tmp_path, "gpt", "synth")
-    assert cli_main(["replan", str(old), "--drop", "3", "-o", str(tmp_path / "new"), "-q"]) == 0
-    new = Plan.load(tmp_path / "new" / "plan.json")
-    quick = tmp_path / "quick"
-    assert cli_main(["replan", str(old), "--drop", "3", "--quick", "-o", str(quick), "-q", "--no-emit"]) == 0
-    assert new.search["effort"] == "search" and new.cluster.world == 3
+    old_file = _plan_file(tmp_path, "gpt", "synth")
+    old = Plan.load(old_file)
+    old_program = old.emit(tmp_path / "old")
+    new_dir, quick = tmp_path / "new", tmp_path / "quick"
+    assert cli_main(["replan", str(old_file), "--drop", "3", "-o", str(new_dir), "-q"]) == 0
+    assert cli_main(["replan", str(old_file), "--drop", "3", "--quick", "-o", str(quick), "-q", "--no-emit"]) == 0
+    new = Plan.load(new_dir / "plan.json")
+    assert new.search["replan"]["effort"] == "search" and new.cluster.world == 3
     assert new.cost <= Plan.load(quick / "plan.json").cost * (1 + 1e-9)
+    ck = tmp_path / "ck"
+    got = _run_ok(torchrun(old_program, 4, "--steps", "2", "--save", str(ck)))
+    got |= _run_ok(torchrun(new_dir / "program.py", 3, "--steps", "2", "--load", str(ck)))
+    losses, _ = single_device_run(old_program, 4)
+    assert sorted(got) == [1, 2, 3, 4]
+    assert max(abs(got[i + 1] - losses[i]) for i in range(4)) <= TOLERANCE, (got, losses)
 
 
 # ---- straggler report --------------------------------------------------------------------------
