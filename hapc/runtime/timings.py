@@ -10,6 +10,10 @@ slowest rank's. So per step
     idle_r    = min(blocked_r, max_q compute_q - compute_r)
     comm_r    = blocked_r - idle_r
 
+On a GPU, NCCL calls return once queued, so blocked time is only what the host waits for
+(``wait``, the step's final synchronisation counts as compute): there the split is a lower
+bound on communication plus idle, and per-rank compute is still each rank's own.
+
 The cost is a clock read around each collective call and one small all-gather per step (outside
 the timed region); nothing changes when ``--timings`` is off. Rank 0 prints one line per rank
 and step, which ``hapc replan --measured`` reads::
