@@ -165,7 +165,7 @@ def _cmd_replan(args: argparse.Namespace) -> int:
             dropped = [_rank(x, "--drop") for part in args.drop for x in part.split(",")]
             cluster = without_devices(cluster, dropped)
             survivors = surviving_ranks(old.cluster.world, dropped)
-    effort = "quick" if args.quick else "full" if args.full else "search"
+    effort = "quick" if args.quick else "search" if args.search else "full" if args.full else "auto"
     done = replan(old, cluster, survivors=survivors, effort=effort, progress=_progress(args))
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -345,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     effort = rep.add_mutually_exclusive_group()
     effort.add_argument("--quick", action="store_true",
                         help="only re-balance the old program's shares (no search): the fastest replan")
+    effort.add_argument("--search", action="store_true",
+                        help="always run one search round on the new cluster (by default only when the old "
+                             "program, re-balanced, lost more than the devices did)")
     effort.add_argument("--full", action="store_true",
                         help="search as hapc compile does (every round, the baselines), on the stored graph")
     rep.add_argument("--no-emit", action="store_true", help="write the plan and report only")

@@ -8,11 +8,13 @@ re-balancing it is one small LP (:func:`synth.ratios.solve_shares`), not a searc
 works from ``plan.json`` alone (it holds the graph: nothing is traced) and, by effort:
 
 * ``quick``: the old program at the LP's shares for the new devices, nothing else;
-* ``search`` (default): that, and one round of the search on the new cluster (both overlap
+* ``search``: that, and one round of the search on the new cluster (both overlap
   assumptions, each result re-balanced by the LP). The collectives' prices change with the
   world size and the nodes' shapes, so the old program can become a poor one: dropping one of
   the HAP 8-GPU cluster's devices left a 48-layer GPT's old program at 1182 ms/iter where a
   new search found 680;
+* ``auto`` (default): ``quick``, then ``search`` only if the re-balanced old program lost more
+  than the cluster's FLOPS did (as in that example);
 * ``full``: everything ``hapc compile`` tries, baselines included.
 
 Whichever simulates fastest and fits wins; a tie keeps the old program.
@@ -39,7 +41,11 @@ from synth.search import SearchResult, search, to_program
 from synth.space import SearchSpace
 
 Progress = Callable[[str], None]
-EFFORTS = ("quick", "search", "full")
+EFFORTS = ("auto", "quick", "search", "full")
+# "auto" searches when the old program, re-balanced, is slower than the old plan's time scaled
+# by the change in the cluster's total FLOPS by more than this: the change hurt it beyond the
+# devices' loss, so another program may win.
+DEGRADED = 0.05
 # Fractions of the gradient all-reduce the search assumes hidden behind backward: as in one
 # round of hapc compile, both are searched and the simulator picks. Neither alone is enough:
 # for a 48-layer GPT on 7 of the HAP 8-GPU devices, 0 found 680 ms/iter and 0.75 found 1313.
@@ -50,7 +56,7 @@ SEARCH_OVERLAPS = (0.0, 0.75)
 class Replanned:
     plan: Plan
     kept_program: bool             # the old program, re-balanced, won
-    effort: str                    # "quick", "search" or "full" (see replan)
+    effort: str                    # what ran: "quick", "search" or "full" (see replan)
     seconds: float                 # wall time of the replan (loaded machines: see the report)
     old_cost_seconds: float        # the old plan's predicted iteration time on its own cluster
     carried_cost_seconds: float    # the old program re-balanced on the new cluster (inf: did not fit)
@@ -85,6 +91,10 @@ def rebalance(program: DistProgram, shares: Sequence[float], cluster: Cluster,
     return moved, sim
 
 
+def _total_flops(cluster: Cluster) -> float:
+    return sum(d.flops("fp32") for d in cluster.devices)
+
+
 def _faster(a: SimResult, b: SimResult) -> bool:
     """Fitting beats not fitting; then the shorter iteration."""
     if a.memory.all_fit != b.memory.all_fit:
@@ -102,11 +112,13 @@ def searched(graph: Graph, shares: Sequence[float], cluster: Cluster, optimizer:
     return program, sim, result
 
 
-def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = None, effort: str = "search",
+def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = None, effort: str = "auto",
            progress: Progress | None = None) -> Replanned:
     """The best plan for ``cluster`` among the old plan's program re-balanced by the LP and,
-    by ``effort``: ``"quick"`` nothing else; ``"search"`` (default) one search on the new
-    cluster; ``"full"`` everything ``hapc compile`` tries (every round, the baselines)."""
+    by ``effort``: ``"quick"`` nothing else; ``"search"`` one search on the new cluster;
+    ``"full"`` everything ``hapc compile`` tries (every round, the baselines); ``"auto"``
+    (default) searches only when the re-balanced old program lost more than the devices did
+    (see ``DEGRADED``)."""
     if effort not in EFFORTS:
         raise ValueError(f"unknown effort {effort!r}; expected one of {', '.join(EFFORTS)}")
     say = progress or (lambda msg: None)
@@ -126,6 +138,12 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
         say("the old program does not fit on the new cluster at any shares")
     baselines: dict[str, float] = {}
     info: dict[str, object] = {}
+    if effort == "auto":
+        expected = old.cost * _total_flops(old.cluster) / _total_flops(cluster)
+        effort = "search" if carried_cost > expected * (1 + DEGRADED) else "quick"
+        say(f"the old program {'lost more' if effort == 'search' else 'lost no more'} than the devices did "
+            f"({carried_cost * 1e3:.3f} ms/iter against {expected * 1e3:.3f} expected): "
+            + ("searching" if effort == "search" else "no search"))
     if effort == "search":
         at = candidates["kept"][0].shares if "kept" in candidates else shares
         for overlap in SEARCH_OVERLAPS:

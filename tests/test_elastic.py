@@ -318,6 +318,16 @@ def test_replan_drop_quick_keeps_the_program_on_three_devices(small_plan, tmp_pa
     assert "WORLD = 3" in (out / "program.py").read_text() and (out / "hapc_checkpoint.py").exists()
 
 
+def test_replan_searches_by_default_only_when_the_old_program_degraded(small_plan, tmp_path, capsys, monkeypatch):
+    import hapc.replan
+    from hapc.plan import Plan
+
+    monkeypatch.setattr(hapc.replan, "DEGRADED", 10.0)      # nothing counts as degraded: no search
+    assert cli_main(["replan", str(small_plan), "--drop", "2", "-o", str(tmp_path / "a"), "--no-emit"]) == 0
+    assert "lost no more than the devices did" in capsys.readouterr().err
+    assert Plan.load(tmp_path / "a" / "plan.json").search["replan"]["effort"] == "quick"
+
+
 def test_replan_slow_moves_work_off_the_slowed_device(small_plan, tmp_path, capsys):
     from hapc.plan import Plan
 
@@ -356,7 +366,7 @@ def test_replan_after_a_lost_device_resumes_the_loss_curve(tmp_path, capsys):
     old = Plan.load(old_file)
     old_program = old.emit(tmp_path / "old")
     new_dir, quick = tmp_path / "new", tmp_path / "quick"
-    assert cli_main(["replan", str(old_file), "--drop", "3", "-o", str(new_dir), "-q"]) == 0
+    assert cli_main(["replan", str(old_file), "--drop", "3", "--search", "-o", str(new_dir), "-q"]) == 0
     assert cli_main(["replan", str(old_file), "--drop", "3", "--quick", "-o", str(quick), "-q", "--no-emit"]) == 0
     new = Plan.load(new_dir / "plan.json")
     assert new.search["replan"]["effort"] == "search" and new.cluster.world == 3
