@@ -211,7 +211,7 @@ def test_the_runtime_files_beside_the_program_need_only_torch(tmp_path):
         tree = ast.parse((path.parent / sibling).read_text())
         roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-        assert roots <= {"__future__", "dataclasses", "functools", "json", "math", "os", "time", "warnings", "zlib",
+        assert roots <= {"__future__", "dataclasses", "functools", "json", "math", "os", "shutil", "time", "warnings", "zlib",
                          "collections", "pathlib", "typing", "torch"}, (sibling, roots)
 
 
