@@ -463,6 +463,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 saved = save_checkpoint(args.save, trainer, optimizer, data_position=i + 1)
                 if trainer.rank == 0:
                     print(f"saved {saved}", flush=True)
+        if clock is not None:
+            clock.uninstall()                     # main() may run inside a longer-lived process
         if trainer.rank == 0 and len(times) > 1:
             print(f"median step time {statistics.median(times[1:]):.6f} s over steps "
                   f"{first + 2}..{first + len(times)}", flush=True)
