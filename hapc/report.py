@@ -25,7 +25,7 @@ def summary_text(plan: Plan) -> str:
         parts = [f"{k} {v * ms:.3f} ms ({v / plan.cost:.2f}x)" for k, v in sorted(plan.baselines.items())]
         lines.append("baselines (speed-up of this plan): " + ", ".join(parts))
     lines.append(sim.table())
-    if plan.search:
+    if plan.search and "segments" in plan.search:      # a baseline, or a replan that kept one, has none
         s = plan.search
         lines.append(f"search: {'optimal under the search cost model' if s.get('exact') else 'time budget hit'}"
                      f", {s.get('segments', '?')} segments ({s.get('distinct_segments', '?')} distinct), "

@@ -36,6 +36,9 @@ from hapc.runtime import collectives as collectives_module
 from hapc.runtime import local_ops as local_ops_module
 
 SKELETON = Path(__file__).with_name("skeleton.py")
+# Copied, not imported: importing it would load torch.distributed.checkpoint into every compile.
+CHECKPOINT_RUNTIME = Path(__file__).parent.parent / "runtime" / "checkpoint.py"
+TIMINGS_RUNTIME = Path(__file__).parent.parent / "runtime" / "timings.py"
 BEGIN = "# ==== generated: tables and forward (begin) ===="
 END = "# ==== generated: tables and forward (end) ===="
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -59,12 +62,15 @@ def emit(program: DistProgram, model_file: str, out_dir: str, *, model_kwargs: d
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model_name = Path(model_file).name
-    if model_name in ("program.py", "hapc_local_ops.py", "hapc_collectives.py"):
+    if model_name in ("program.py", "hapc_local_ops.py", "hapc_collectives.py", "hapc_checkpoint.py",
+                      "hapc_timings.py"):
         model_name = "model.py"
     if Path(model_file).resolve() != (out / model_name).resolve():
         shutil.copyfile(model_file, out / model_name)
     shutil.copyfile(inspect.getsourcefile(local_ops_module), out / "hapc_local_ops.py")
     shutil.copyfile(inspect.getsourcefile(collectives_module), out / "hapc_collectives.py")
+    shutil.copyfile(CHECKPOINT_RUNTIME, out / "hapc_checkpoint.py")   # --save/--load
+    shutil.copyfile(TIMINGS_RUNTIME, out / "hapc_timings.py")           # --timings
     graph = program.graph
     used_constants = {graph.values[n].target for n in graph.values if graph.values[n].kind == "constant"}
     # A constant traced on the meta device has no data (Falcon's ``x[..., [-2], :]`` index
@@ -411,9 +417,11 @@ Plan: {summary}
 Run (N = {n}; the rank's device comes from torchrun's LOCAL_RANK):
 
     torchrun --nproc_per_node={n} program.py [--steps K] [--device cpu|cuda] [--verify]
+        [--save DIR [--save-every N]] [--load DIR]   # checkpoints load under any plan of the model
+        [--timings]                                  # per-rank compute, comm and idle seconds
 
-Files beside this one: {model_name} (the model file), hapc_local_ops.py and hapc_collectives.py
-(the runtime). Only torch is needed. The plan is data (the tables below); ``forward`` is one
+Files beside this one: {model_name} (the model file), hapc_local_ops.py, hapc_collectives.py,
+hapc_checkpoint.py and hapc_timings.py (the runtime). Only torch is needed. The plan is data (the tables below); ``forward`` is one
 line per step of the plan, with the user's source line above the ops it produced.
 
 Use it in your own loop (inside an initialised process group, every rank):
