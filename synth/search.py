@@ -28,7 +28,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import operator
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
@@ -89,6 +91,7 @@ class Searcher:
         self._conv_cache: dict[tuple[int, int, int], tuple[float, int]] = {}
         self._codes_cache: dict[int, list[int]] = {}
         self._alt_cache: dict[tuple[int, int], list[tuple[int, float]]] = {}
+        self._templates: dict[tuple, list[tuple]] = {}
         # Expansions one segment may use before it is finished by a beam (and marked inexact).
         self.segment_budget = 8_000
         self._hard: set[str] = set()
@@ -159,15 +162,40 @@ class Searcher:
         return best
 
     def _compile(self, ns: NodeSpace) -> list[tuple]:
-        """Per strategy: (state-independent seconds, activation inputs, fixed sources, carry).
+        """Per strategy: (state-independent seconds, activation inputs, fixed sources, carry,
+        carrier).
 
         States are tuples of layout masks aligned with the (static) list of activations live
         before each node, so a move is index arithmetic. Parameter and free inputs cost the
         same in every state, so they are priced here once. ``carry`` says, for each value live
-        after the node, which slot before it holds its layouts, or which mask it is born with.
+        after the node, which slot before it holds its layouts, or which mask it is born with;
+        ``carrier`` applies it. Repeated layers have the same table up to which activations
+        they read, so the table is built once per shape and only the value ids are filled in.
         """
         i = ns.index
         before = {vid: k for k, vid in enumerate(self._live[i])}
+        shape: list = []
+        act_vids: dict[int, int] = {}
+        for pos, (value, kind) in enumerate(ns.inputs):
+            if kind == PARAM:
+                v = self.graph.values[value]
+                shape.append((v.meta, v.requires_grad, self.space.param_uses.get(value, 1)))
+            elif kind == FREE:
+                shape.append(None)
+            else:
+                act_vids[pos] = vid = self._vid[value]
+                shape.append(before[vid])
+        born_at = {self._vid[o]: k for k, o in enumerate(ns.node.outputs)}
+        carry_shape = tuple(before[vid] if vid in before else -1 - born_at[vid] for vid in self._live[i + 1])
+        key = (ns.signature, len(before), tuple(shape), carry_shape)
+        template = self._templates.get(key)
+        if template is None:
+            template = self._templates[key] = self._compile_template(ns, shape, carry_shape)
+        return [(base, tuple((pos, slot, want, act_vids[pos]) for pos, slot, want in acts), fixed, carry, carried)
+                for base, acts, fixed, carry, carried in template]
+
+    def _compile_template(self, ns: NodeSpace, shape: list, carry_shape: tuple[int, ...]) -> list[tuple]:
+        """:meth:`_compile`'s table with activation inputs as (position, slot, layout code)."""
         table = []
         for k, strat in enumerate(ns.options):
             base = ns.compute_seconds[k]
@@ -187,11 +215,10 @@ class Searcher:
                     fixed.append(storage)
                 else:
                     fixed.append(None)
-                    vid = self._vid[value]
-                    acts.append((pos, before[vid], self.code(want), vid))
-            born = {self._vid[o]: 1 << self.code(lay) for o, lay in zip(ns.node.outputs, strat.outputs)}
-            carry = tuple((before[vid], 0) if vid in before else (-1, born[vid]) for vid in self._live[i + 1])
-            table.append((base, tuple(acts), tuple(fixed), carry))
+                    acts.append((pos, shape[pos], self.code(want)))
+            born = [1 << self.code(lay) for lay in strat.outputs]
+            carry = tuple((slot, 0) if slot >= 0 else (-1, born[-1 - slot]) for slot in carry_shape)
+            table.append((base, tuple(acts), tuple(fixed), carry, _carrier(carry, len(self._live[ns.index]))))
         return table
 
     def _expand(self, ns: NodeSpace, state: State) -> list[tuple[State, float, int, tuple]]:
@@ -202,9 +229,9 @@ class Searcher:
         convert = self._convert
         layouts = self.layouts
         out = []
-        for k, (base, acts, fixed, carry) in enumerate(self._tables[ns.index]):
+        for k, (base, acts, fixed, _, carried) in enumerate(self._tables[ns.index]):
             if not acts:
-                out.append((tuple(state[slot] if slot >= 0 else bit for slot, bit in carry), base, k, fixed))
+                out.append((carried(list(state)), base, k, fixed))
                 continue
             cost = base
             masks = list(state)
@@ -219,7 +246,7 @@ class Searcher:
                 cost += c
                 sources[pos] = layouts[src]
                 masks[slot] = mask | bit
-            out.append((tuple(masks[slot] if slot >= 0 else bit for slot, bit in carry), cost, k, tuple(sources)))
+            out.append((carried(masks), cost, k, tuple(sources)))
         return out
 
     # ---- one segment ----------------------------------------------------------------------
@@ -495,7 +522,7 @@ class _ValueBound:
             alive_after = vid in self.live_sets[j + 1 - self.start]
             best = math.inf
             missing = []
-            for base, acts, _, _ in tables[j]:
+            for base, acts, *_ in tables[j]:
                 cost, m2 = base, m
                 for _, _, want, v in acts:
                     if v == vid:
@@ -520,6 +547,27 @@ class _ValueBound:
             memo[(vid, j, m)] = best if best < math.inf else self.floor[j - self.start]
             stack.pop()
         return memo[(vid, i, mask)]
+
+
+def _carrier(carry: tuple[tuple[int, int], ...], slots_before: int) -> Callable[[list[int]], State]:
+    """A fast ``masks before -> state after`` for one strategy: an itemgetter over the masks
+    before the node followed by the masks its outputs are born with (the search's hot loop)."""
+    born = [bit for slot, bit in carry if slot < 0]
+    picks, n_born = [], 0
+    for slot, _ in carry:
+        if slot >= 0:
+            picks.append(slot)
+        else:
+            picks.append(slots_before + n_born)
+            n_born += 1
+    if not picks:
+        return lambda masks: ()
+    getter = operator.itemgetter(*picks)
+    if len(picks) == 1:
+        return lambda masks: (getter(masks + born),)
+    if not born:
+        return getter
+    return lambda masks: getter(masks + born)
 
 
 def _bits(mask: int) -> list[int]:
