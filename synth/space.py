@@ -113,6 +113,12 @@ class _GraphShape:
     live: list[list[str]] | None = None
     segments: list[Segment] = field(default_factory=list)
     _strategies: dict[tuple, list[Strategy]] = field(default_factory=dict)
+    _index: dict[str, int] | None = None
+
+    def index_of(self, node: Node) -> int:
+        if self._index is None:
+            self._index = {n.name: i for i, n in enumerate(self.graph.nodes)}
+        return self._index[node.name]
 
     def strategies(self, key: tuple, node: Node) -> list[Strategy]:
         hit = self._strategies.get(key)
@@ -149,6 +155,12 @@ def _structure_of(graph: Graph) -> _GraphShape:
     shape = _GraphShape(graph, size, kinds, last_use, param_uses, [cost_key(graph, n) for n in graph.nodes], inputs)
     _SHAPES[:] = [s for s in _SHAPES if s.graph is not graph][-(_SHAPES_KEPT - 1):] + [shape]
     return shape
+
+
+def node_strategies(graph: Graph, node: Node) -> list[Strategy]:
+    """Every strategy of ``node`` (a node of ``graph``), derived once per graph and cost key."""
+    shape = _structure_of(graph)
+    return shape.strategies(shape.keys[shape.index_of(node)], node)
 
 
 def _allowed(s: Strategy, node: Node, graph: Graph, kinds: dict[str, str],
