@@ -94,7 +94,8 @@ class Searcher:
         self._templates: dict[tuple, list[tuple]] = {}
         # Expansions one segment may use before it is finished by a beam (and marked inexact).
         self.segment_budget = 8_000
-        self._hard: set[str] = set()
+        self._hard = space.hard_segments
+        self._timed_out: set[str] = set()
         self._live = [[self._vid[v] for v in live] for live in space.live]
         self._tables = [self._compile(ns) for ns in space.nodes]
 
@@ -262,7 +263,8 @@ class Searcher:
         key = (seg.signature, tuple(sorted((st, round(g - base, 13)) for st, (g, _) in frontier.items())))
         hit = self._memo.get(key)
         if hit is None:
-            hit = self._beam_segment(seg, frontier, base) if seg.signature in self._hard else \
+            beam = seg.signature in self._hard or seg.signature in self._timed_out
+            hit = self._beam_segment(seg, frontier, base) if beam else \
                 self._astar_segment(seg, frontier, base)
             self._memo[key] = hit
         return {st: (base + g_rel, frontier[entry][1] + sub) for st, (g_rel, entry, sub) in hit.items()}
@@ -302,7 +304,9 @@ class Searcher:
             budget -= 1
             if budget < 0 or (self.deadline is not None and time.perf_counter() > self.deadline):
                 # Out of time or states: finish with a beam, and say the plan is not proven optimal.
-                self._hard.add(seg.signature)
+                # Running out of states is the segment's nature (remembered for every search of
+                # this graph); running out of time is this search's.
+                (self._hard if budget < 0 else self._timed_out).add(seg.signature)
                 return self._beam_segment(seg, frontier, base)
             self.expanded += 1
             next_g = best_g[i + 1 - seg.start]

@@ -61,6 +61,9 @@ class SearchSpace:
     param_uses: dict[str, int] = field(default_factory=dict)
     allow_replicated_params: bool = True
     live: list[list[str]] = field(default_factory=list)
+    # Segments whose exact search ran out of states before, under any prices: every search
+    # of the same graph finishes them with a beam at once instead of spending the budget again.
+    hard_segments: set[str] = field(default_factory=set)
 
     @staticmethod
     def build(graph: Graph, prices: Prices, *, allow_replicated_params: bool = True,
@@ -87,6 +90,7 @@ class SearchSpace:
             shape.segments = _segments(space)
         space.live = shape.live
         space.segments = list(shape.segments)
+        space.hard_segments = shape.hard_segments
         return space
 
     @property
@@ -114,6 +118,7 @@ class _GraphShape:
     segments: list[Segment] = field(default_factory=list)
     _strategies: dict[tuple, list[Strategy]] = field(default_factory=dict)
     _index: dict[str, int] | None = None
+    hard_segments: set[str] = field(default_factory=set)
 
     def index_of(self, node: Node) -> int:
         if self._index is None:
