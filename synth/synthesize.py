@@ -55,6 +55,8 @@ class Synthesis:
     search_seconds: float = 0.0
     lp_seconds: float = 0.0
     warm_starts: int = 0       # programs of a round re-simulated at the next round's shares
+    searches: int = 0          # A* searches of the loop (the Megatron baseline runs one more)
+    states_expanded: int = 0   # over those searches
 
     @property
     def speedups(self) -> dict[str, float]:
@@ -87,6 +89,8 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
                                           allow_replicated_params=replicated_params)
                 result = search(space, left / (2 * len(overlaps)) if left is not None else None)
                 out.search_seconds += time.perf_counter() - t0
+                out.searches += 1
+                out.states_expanded += result.states_expanded
                 prog = to_program(space, result, shares)
                 cand = Candidate("hapc", prog, simulate(prog, cluster, optimizer=optimizer), result, space)
                 if round_best is None or _better(cand, round_best):
