@@ -98,3 +98,26 @@ def test_warm_start_is_the_same_program_at_the_new_shares():
     assert [repr(s) for s in warm.program.steps] == [repr(s) for s in prog.steps]
     assert warm.seconds == simulate(to_program(space, result, even), cluster).iteration_seconds
     assert _reshared(Candidate("dp-even", prog, cand.sim), even, cluster, "adamw") is None
+
+
+def test_even_all_to_all_in_closed_form_equals_the_pairwise_sum():
+    import random
+
+    from costmodel import collectives
+
+    rng = random.Random(0)
+    clusters = [load_cluster("configs/clusters/hap-8gpu-v100x4-p100x4.yaml"),
+                load_cluster({"nodes": [{"count": 3, "devices": [{"type": "A100-80GB", "count": 4}], "intra_link": "nvlink3"},
+                                        {"count": 2, "devices": [{"type": "V100-32GB", "count": 2}], "intra_link": "pcie3"}],
+                              "network": {"bandwidth_Gbps": 100, "latency_us": 10}})]
+    for cluster in clusters:
+        for _ in range(10):
+            ranks = sorted(rng.sample(range(cluster.world), rng.randint(2, cluster.world)))
+            pieces = [rng.random() * 1e6 for _ in ranks]
+            p = len(ranks)
+            matrix = [[x / p if s != r else 0.0 for s in range(p)] for r, x in enumerate(pieces)]
+            slow = collectives._pairwise(matrix, cluster, ranks)
+            assert abs(collectives._pairwise_uniform([x / p for x in pieces], cluster, ranks) - slow) <= 1e-12 * slow
+            gather = [[x if s != r else 0.0 for s in range(p)] for r, x in enumerate(pieces)]
+            slow = collectives._pairwise(gather, cluster, ranks)
+            assert abs(collectives._pairwise_uniform(pieces, cluster, ranks) - slow) <= 1e-12 * slow
