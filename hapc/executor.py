@@ -22,7 +22,7 @@ import torch
 from hapc.ir.graph import Node, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
-from hapc.runtime.local_ops import LOCAL_OPS, Collective, RankCtx, ShardInfo
+from hapc.runtime.local_ops import LOCAL_OPS, Collective, RankCtx, ShardInfo, rescale_to_global
 from hapc.tracer import Traced
 
 Pieces = list[torch.Tensor]
@@ -176,7 +176,7 @@ def _compute(program: DistProgram, node: Node, step: Compute, env: dict[str, Pie
             pos = strat.rescale[0]
             info = _infos(program, [step.inputs[pos]], [strat.inputs[pos]], rank)[0]
             if info is not None:
-                res = [r * (info.length / info.global_length) for r in res]
+                res = [rescale_to_global(r, info.length, info.global_length) for r in res]
         for i in range(len(node.outputs)):
             outs[i].append(res[i])
     return outs

@@ -277,7 +277,7 @@ def _compute(program: DistProgram, node: Node, step: Compute, names: _Names) -> 
         src = step.inputs[pos]
         if isinstance(strat.inputs[pos], Shard):
             for o in outs:
-                lines.append(f"    {o} = {o} * rt.frac({src!r})   # exact mean under uneven pieces")
+                lines.append(f"    {o} = rt.rescale({o}, {src!r})   # exact mean under uneven (even empty) pieces")
     return lines
 
 

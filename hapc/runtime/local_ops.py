@@ -62,6 +62,20 @@ def node_seed(node: str, step_seed: int) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
+def rescale_to_global(value: torch.Tensor, length: int, global_length: int) -> torch.Tensor:
+    """A mean over this rank's ``length`` of ``global_length`` elements, as its exact share of
+    the global mean (a ``Partial`` summand): ``value * length / global_length``.
+
+    An empty piece (``length == 0``, as block coupling or a batch shorter than the device count
+    can give) contributes nothing; its local mean is NaN, and NaN times zero is still NaN, so
+    it is replaced by zeros that keep the value in the autograd graph (every rank then runs the
+    same backward).
+    """
+    if length == 0:
+        return value.nan_to_num(0.0, 0.0, 0.0) * 0.0
+    return value * (length / global_length)
+
+
 def _local_shape(ctx: RankCtx, out: int = 0) -> list[int]:
     shape = list(ctx.out_shapes[out])
     info = ctx.outputs[out]
