@@ -179,3 +179,18 @@ class DistProgram:
 
 def is_partial(layout: Layout) -> bool:
     return isinstance(layout, Partial)
+
+
+def empty_ranks(program: DistProgram, step: Compute) -> list[int]:
+    """Ranks whose pieces of this plain-op step are empty (every sharded dimension of a strategy
+    is cut into the same blocks, so one empty piece means all are), when the op's results are
+    all pieces or summands; such a rank computes zeros (``hapc.runtime.local_ops.empty_piece_result``)."""
+    strat = step.strategy
+    if strat.local is not None or any(isinstance(o, Replicate) for o in strat.outputs) \
+            or any(isinstance(x, Partial) for x in strat.inputs):   # a summand (a bias) still adds in
+        return []
+    sharded = [(v, lay.dim) for v, lay in zip(step.inputs, strat.inputs) if isinstance(lay, Shard)]
+    if not sharded:
+        return []
+    lengths = program.lengths(*sharded[0])
+    return [r for r, n in enumerate(lengths) if n == 0]

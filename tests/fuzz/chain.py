@@ -27,7 +27,7 @@ from costmodel.cluster import Cluster, load_cluster
 from costmodel.simulator import simulate
 from hapc.executor import replicated_program, run
 from hapc.ir.layout import Shard
-from hapc.ir.program import Compute, DistProgram, Redistribute
+from hapc.ir.program import DistProgram, Redistribute
 from hapc.rules.registry import strategies
 from synth.baselines import BASELINES, baseline_program
 from synth.ratios import MemoryInfeasible
