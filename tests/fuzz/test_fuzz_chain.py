@@ -38,7 +38,7 @@ def test_whole_chain_quick(model_spec, cluster_spec):
 
 
 @pytest.mark.slow
-@fuzz(cases("FUZZ_CASES", 600))
+@fuzz(cases("FUZZ_CASES", 2000))
 @given(model_specs(), cluster_specs())
 def test_whole_chain(model_spec, cluster_spec):
     _record(check_case(model_spec, cluster_spec))
