@@ -21,8 +21,9 @@ import torch
 
 from hapc.ir.graph import Node, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
-from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
-from hapc.runtime.local_ops import LOCAL_OPS, Collective, RankCtx, ShardInfo
+from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy, empty_ranks
+from hapc.runtime.local_ops import (LOCAL_OPS, Collective, RankCtx, ShardInfo, empty_piece_result,
+                                    rescale_to_global)
 from hapc.tracer import Traced
 
 Pieces = list[torch.Tensor]
@@ -158,7 +159,10 @@ def _compute(program: DistProgram, node: Node, step: Compute, env: dict[str, Pie
     for rank in range(world):
         # input_refs may repeat a name with different layouts: substitute by position.
         args, kwargs = _substitute(node, [env[v][rank] for v in step.inputs], dtype)
-        if strat.local is None:
+        if strat.local is None and _empty_here(program, step, rank):
+            res = empty_piece_result([env[v][rank] for v in step.inputs], _local_out_shapes(program, node, strat, rank),
+                                     [program.graph.meta(o).dtype for o in node.outputs])
+        elif strat.local is None:
             res = fn(*args, **kwargs)
         else:
             ctx = RankCtx(rank, world, node.name, node.op,
@@ -177,10 +181,18 @@ def _compute(program: DistProgram, node: Node, step: Compute, env: dict[str, Pie
             pos = strat.rescale[0]
             info = _infos(program, [step.inputs[pos]], [strat.inputs[pos]], rank)[0]
             if info is not None:
-                res = [r * (info.length / info.global_length) for r in res]
+                res = [rescale_to_global(r, info.length, info.global_length) for r in res]
         for i in range(len(node.outputs)):
             outs[i].append(res[i])
     return outs
+
+
+def _empty_here(program: DistProgram, step: Compute, rank: int) -> bool:
+    return rank in empty_ranks(program, step)
+
+
+def _local_out_shapes(program: DistProgram, node: Node, strat: Strategy, rank: int) -> list[tuple[int, ...]]:
+    return [program.local_shape(o, lay, rank) for o, lay in zip(node.outputs, strat.outputs)]
 
 
 def _drive_lockstep(gens: list) -> list[Any]:

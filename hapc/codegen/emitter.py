@@ -31,7 +31,7 @@ import torch
 from costmodel.simulator import factor_synced_params
 from hapc.ir.graph import Node, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
-from hapc.ir.program import Compute, DistProgram, Redistribute
+from hapc.ir.program import Compute, DistProgram, Redistribute, empty_ranks
 from hapc.runtime import collectives as collectives_module
 from hapc.runtime import local_ops as local_ops_module
 
@@ -283,12 +283,20 @@ def _compute(program: DistProgram, node: Node, step: Compute, names: _Names) -> 
         lhs = outs[0] if len(outs) == 1 else ", ".join(outs)
         note = f"   # {node.op} -> {layouts}"
     lines = [f"    {lhs} = {call}{note}"]
+    empty = empty_ranks(program, step)
+    if empty:       # some ranks hold empty pieces, which several ops reject
+        shapes = [program.local_shape(o, lay, empty[0]) for o, lay in zip(node.outputs, strat.outputs)]
+        dtypes = [program.graph.meta(o).dtype for o in node.outputs]
+        ins = ", ".join(names[r] for r in step.inputs)
+        lines = [f"    if rt.rank in {tuple(empty)!r}:   # this rank's pieces are empty: zeros, tied to the inputs",
+                 f"        {', '.join(outs)}, = L.empty_piece_result(({ins},), {shapes!r}, {dtypes!r})",
+                 "    else:", "    " + lines[0]]
     if strat.rescale is not None:
         pos, _ = strat.rescale
         src = step.inputs[pos]
         if isinstance(strat.inputs[pos], Shard):
             for o in outs:
-                lines.append(f"    {o} = {o} * rt.frac({src!r})   # exact mean under uneven pieces")
+                lines.append(f"    {o} = rt.rescale({o}, {src!r})   # exact mean under uneven (even empty) pieces")
     return lines
 
 

@@ -99,10 +99,10 @@ class Rank:
         info = self.piece_info(name)
         return full if info is None else full.narrow(info.dim, info.offset, info.length)
 
-    def frac(self, name: str) -> float:
-        """Local over global length of ``name``'s sharded dimension (for exact uneven means)."""
+    def rescale(self, value: Any, name: str) -> Any:
+        """A local mean over ``name``'s sharded dimension as its exact summand of the global one."""
         info = self.piece_info(name)
-        return 1.0 if info is None or info.global_length == 0 else info.length / info.global_length
+        return value if info is None else L.rescale_to_global(value, info.length, info.global_length)
 
     def ctx(self, node: str):
         """The RankCtx a local op of ``node`` gets on this rank."""
