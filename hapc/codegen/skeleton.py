@@ -108,7 +108,7 @@ class Rank:
         """The RankCtx a local op of ``node`` gets on this rank."""
         op, ins, outs, shapes = LOCAL_CALLS[node]
         return L.RankCtx(self.rank, WORLD, node, op, tuple(self.piece_info(n) for n in ins),
-                         tuple(self.piece_info(n) for n in outs), shapes, self.seed)
+                         tuple(self.piece_info(n) for n in outs), shapes, self.seed, WORLD > 1)
 
     def drive(self, result: Any) -> Any:
         """Run a local op that asks for collectives (see hapc_collectives.drive)."""
@@ -297,9 +297,9 @@ def _program_dropout_masks(step_seed: int):
 
     def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
         node = next(nodes, None)
-        if node is None or not training or p == 0.0:
+        if node is None or not training or p == 0.0 or p >= 1.0:
             return original(x, p, training, inplace)
-        keep = L.dropout_keep(node, step_seed, x.shape, p).to(device=x.device, dtype=x.dtype)
+        keep = L.dropout_keep(node, step_seed, x.shape, p, device=x.device, shared=WORLD > 1).to(x.dtype)
         return x * keep / (1.0 - p)
 
     torch.nn.functional.dropout = dropout
