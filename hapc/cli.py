@@ -46,6 +46,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
     say = _progress(args)
     started = time.perf_counter()
+    _check_precision(args.precision)
     cluster = load_cluster(args.cluster)          # bad cluster files fail before any work
     overrides = parse_overrides(args.set)
     mf = load_model_file(args.model, overrides)
@@ -56,7 +57,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         print(f"hapc: warning: no sharding rule, these run replicated: {ops}", file=sys.stderr)
     say(f"{len(traced.graph.nodes)} nodes traced in {traced.seconds:.1f} s; searching")
     plan = synthesize(traced, None, cluster, time_budget=args.time_budget, optimizer=args.optimizer,
-                      model_file=str(Path(args.model).resolve()), model_kwargs=overrides, progress=say)
+                      model_file=str(Path(args.model).resolve()), model_kwargs=overrides, progress=say,
+                      precision=args.precision)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     plan.save(out / "plan.json")
@@ -73,6 +75,16 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     if emitted:
         print(f"run it: torchrun --nproc_per_node={cluster.world} {out / 'program.py'} --device cpu --verify")
     return 0
+
+
+def _check_precision(name: str) -> None:
+    """Bad --precision fails before any work, in one line."""
+    from hapc.ir.precision import check_precision
+
+    try:
+        check_precision(name)
+    except ValueError as exc:
+        raise UserError(str(exc), where="--precision") from None
 
 
 def _trace_model_file(mf, trace):
@@ -176,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                       help="stop the search after this long and keep the best plan found (with its gap)")
     comp.add_argument("--optimizer", default="adamw", help="optimizer whose state memory to plan for")
+    comp.add_argument("--precision", default="fp32", metavar="fp32|bf16",
+                      help="fp32, or bf16: autocast forward with fp32 master weights, priced at the bf16 peak")
     comp.add_argument("--no-emit", action="store_true", help="write the plan and report only")
     comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     comp.set_defaults(func=_cmd_compile)

@@ -20,6 +20,7 @@ def summary_text(plan: Plan) -> str:
         f"(lower bound {plan.lower_bound * ms:.3f} ms; {plan.cost / plan.lower_bound:.2f}x of it)"
         if plan.lower_bound > 0 else f"predicted time per iteration: {plan.cost * ms:.3f} ms",
     ]
+    lines.append(f"precision: {plan.precision.describe()}")
     if plan.baselines:
         parts = [f"{k} {v * ms:.3f} ms ({v / plan.cost:.2f}x)" for k, v in sorted(plan.baselines.items())]
         lines.append("baselines (speed-up of this plan): " + ", ".join(parts))

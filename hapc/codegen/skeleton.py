@@ -63,6 +63,8 @@ INPUTS: tuple[str, ...] = ()
 SHARDS: dict[str, tuple[int, tuple[int, ...]]] = {}
 LOCAL_CALLS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]] = {}
 GRAD_SYNC_ORDER: tuple[str, ...] = ()
+PRECISION = "fp32"
+ALLOW_TF32 = False
 
 
 def forward(rt: Rank, v: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -205,7 +207,8 @@ class Trainer:
         for name, x in zip(INPUTS, batch):
             v[name] = (x if local else self.rt.piece(name, x)).to(self.device)
         self.rt.seed, self.rt.tied = self.seed + self.steps_done, []
-        loss = C.tie(forward(self.rt, v).reshape(()), self.rt.tied)
+        with autocast(self.device):
+            loss = C.tie(forward(self.rt, v).reshape(()), self.rt.tied)
         self.rt.tied = []
         self.steps_done += 1
         # The global value of a Partial loss is summed while backward runs (issued first, so
@@ -280,10 +283,26 @@ def make_optimizer(params: list[torch.Tensor]) -> torch.optim.Optimizer:
     return C.fused_optimizer(torch.optim.AdamW, params, lr=1e-3)
 
 
-# Verification tolerance (float32 on both sides): a tensor passes when every element is within
-# ATOL + RTOL * (largest reference magnitude of that tensor). Sharded sums add in another order
-# than one device does, so errors of a few float32 ulps of the tensor's scale are expected.
+def autocast(device: torch.device):
+    """The forward's numerics: bf16 autocast for a bf16 plan (on CPU as on CUDA), else float32."""
+    if PRECISION == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+# Verification tolerance: a tensor passes when every element is within ATOL + RTOL * (largest
+# reference magnitude of that tensor). Sharded sums add in another order than one device does,
+# so in float32 errors of a few ulps of the tensor's scale are expected. Under bf16 autocast
+# every product rounds to 8 mantissa bits (2**-9 relative) on both sides and the partial sums
+# of shards round separately, so a few percent of the scale is the bf16 counterpart; a wrong
+# program is off by the scale itself.
 VERIFY_RTOL, VERIFY_ATOL = 1e-4, 1e-6
+VERIFY_BF16_RTOL, VERIFY_BF16_ATOL = 5e-2, 1e-3
+
+
+def verify_tolerance() -> tuple[float, float]:
+    """(rtol, atol) for this program's precision."""
+    return (VERIFY_BF16_RTOL, VERIFY_BF16_ATOL) if PRECISION == "bf16" else (VERIFY_RTOL, VERIFY_ATOL)
 
 
 @contextlib.contextmanager
@@ -316,7 +335,7 @@ def verify(trainer: Trainer, loss: torch.Tensor, batch: Sequence[torch.Tensor]) 
     if trainer.rank == 0:
         ref = trainer.module.to(trainer.device)
         ref.zero_grad(set_to_none=True)
-        with _program_dropout_masks(trainer.seed):
+        with _program_dropout_masks(trainer.seed), autocast(trainer.device):
             ref_loss = ref(*[x.to(trainer.device) for x in batch])
         ref_loss.backward()
         checks = [("loss", loss.reshape(()), ref_loss.detach().reshape(()))]
@@ -324,11 +343,14 @@ def verify(trainer: Trainer, loss: torch.Tensor, batch: Sequence[torch.Tensor]) 
             p = ref.get_parameter(target)
             checks.append((f"gradient of {target}", g, p.grad if p.grad is not None else torch.zeros_like(p)))
         worst, failed = 0.0, None
+        rtol, atol = verify_tolerance()
+        print(f"verify tolerance: {PRECISION} (one device under the same autocast), "
+              f"atol {atol:g} + rtol {rtol:g} x each tensor's largest magnitude", flush=True)
         for what, got, want in checks:
             err = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0
             scale = want.abs().max().item() if want.numel() else 0.0
             worst = max(worst, err)
-            if failed is None and not err <= VERIFY_ATOL + VERIFY_RTOL * scale:
+            if failed is None and not err <= atol + rtol * scale:
                 failed = what
         verdict[0], verdict[1] = float(failed is None), worst
         if failed is None:
@@ -347,6 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="cpu (gloo) or cuda (NCCL, one GPU per local rank)")
     parser.add_argument("--verify", action="store_true",
                         help="compare the first step's loss and gradients with one device")
+    parser.add_argument("--tf32", choices=("on", "off"), default="on" if ALLOW_TF32 else "off",
+                        help="float32 products on TF32 units (CUDA; default from the plan's cluster file: "
+                             f"{'on' if ALLOW_TF32 else 'off'})")
     args = parser.parse_args(argv)
 
     if "WORLD_SIZE" not in os.environ and WORLD == 1:
@@ -360,8 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         device = torch.device("cuda", torch.cuda.current_device())
-        torch.backends.cuda.matmul.allow_tf32 = False     # float32 as one device computes it
-        torch.backends.cudnn.allow_tf32 = False
+        # The plan priced float32 products at the TF32 peak exactly when ALLOW_TF32; --verify's
+        # reference runs in this process, so it computes with the same setting.
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32 == "on"
         dist.init_process_group("nccl", device_id=device)
     else:
         device = torch.device("cpu")
