@@ -312,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="pin ranks as profiled (default: the cluster file's hapc-affinity line)")
     cal.add_argument("--fit", default="compute,memory,launch,comm,latency",
                      help="what to fit: compute, memory, launch, comm, latency, or op classes (matmul, ...)")
+    cal.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                     help="where the programs run (auto: GPUs when the cluster's devices are GPUs and this "
+                          "machine has one per rank of a node, else CPU ranks)")
     cal.add_argument("--runs", default=None, metavar="RUNS.json",
                      help="add these measurements to earlier ones in RUNS.json and fit on all of them")
     cal.add_argument("--write", action="store_true", help="write the fitted values into the cluster file")

@@ -362,6 +362,19 @@ def verify(trainer: Trainer, loss: torch.Tensor, batch: Sequence[torch.Tensor]) 
     return bool(verdict[0].item())
 
 
+def report_peak_memory(rank: int, device: torch.device) -> None:
+    """On GPUs, rank 0 prints every rank's torch.cuda.max_memory_allocated (bytes, in rank
+    order), to hold against the plan's predicted peak: a memory model that under-predicts
+    turns a plan that "fits" into an out-of-memory crash."""
+    if device.type != "cuda":
+        return
+    mine = torch.tensor([float(torch.cuda.max_memory_allocated(device))], device=device)
+    every = [torch.zeros_like(mine) for _ in range(WORLD)]
+    dist.all_gather(every, mine)
+    if rank == 0:
+        print("peak memory bytes per rank: " + " ".join(str(int(x.item())) for x in every), flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="training steps to run (default 3)")
@@ -422,6 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"step {i + 1} loss {loss.item():.6f} time {seconds:.6f}", flush=True)
         if trainer.rank == 0 and len(times) > 1:
             print(f"median step time {statistics.median(times[1:]):.6f} s over steps 2..{len(times)}", flush=True)
+        report_peak_memory(trainer.rank, device)
         return 0 if ok else 1
     finally:
         dist.destroy_process_group()
