@@ -109,11 +109,12 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[Row] = []
     for label, model_file, overrides in configs:
+        traced: list[Any] = []                  # traced once per config, for both precisions
         for precision in precisions:
             _say(f"{label} {precision}")
             try:
                 rows.append(_one(label, MODELS / model_file, overrides, precision, cluster_file, out, args.device,
-                                 steps))
+                                 steps, traced))
             except Exception as exc:          # one config failing must not lose the others' figures
                 rows.append(Row(label, precision, float("nan"), None, None, float("nan"), None, "",
                                 f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"))
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one(label: str, model_file: Path, overrides: dict[str, Any], precision: str, cluster_file: Path, out: Path,
-         device: str, steps: int) -> Row:
+         device: str, steps: int, cache: list[Any]) -> Row:
     import torch
 
     from costmodel.optable import measured_share
@@ -145,10 +146,12 @@ def _one(label: str, model_file: Path, overrides: dict[str, Any], precision: str
     from profiler.ops import profile_ops
 
     mf = load_model_file(str(model_file), dict(overrides))
-    try:
-        traced = trace(mf.build_model(device="meta"), tuple(t.to("meta") for t in mf.build_inputs()))
-    except Exception:
-        traced = trace(mf.build_model(), mf.build_inputs())
+    if not cache:
+        try:
+            cache.append(trace(mf.build_model(device="meta"), tuple(t.to("meta") for t in mf.build_inputs())))
+        except Exception:
+            cache.append(trace(mf.build_model(), mf.build_inputs()))
+    traced = cache[0]
     dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
     graph = autocast_graph(traced.graph, precision)
     from costmodel.cluster import load_cluster
@@ -170,9 +173,14 @@ def _one(label: str, model_file: Path, overrides: dict[str, Any], precision: str
 
 
 def _run_emitted(program: Path, device: str, steps: int) -> tuple[float | None, float | None, str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", f"--master_port={_free_port()}",
-           str(program), "--device", device, "--steps", str(steps)]
-    proc = subprocess.run(cmd, cwd=program.parent, capture_output=True, text=True, check=False, timeout=600)
+    """One rank needs no torchrun: the program sets up its own one-process group."""
+    import os
+
+    cmd = [sys.executable, str(program), "--device", device, "--steps", str(steps)]
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env["MASTER_PORT"] = str(_free_port())
+    proc = subprocess.run(cmd, cwd=program.parent, capture_output=True, text=True, check=False, timeout=600,
+                          env=env)
     median = _MEDIAN.search(proc.stdout)
     if proc.returncode != 0 or median is None:
         return None, None, f"program failed (rc {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}"

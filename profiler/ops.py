@@ -126,7 +126,6 @@ def _inputs(node: Node, graph: Graph, device: torch.device, fraction: float) -> 
                  if graph.values[r].kind != "param" and graph.meta(r).shape), None)
     if fraction < 1 and (lead is None or int(lead * fraction) < 1):
         raise ValueError("nothing to cut")
-    gen = torch.Generator(device="cpu").manual_seed(0)
     out = {}
     for r in refs:
         v = graph.values[r]
@@ -136,9 +135,8 @@ def _inputs(node: Node, graph: Graph, device: torch.device, fraction: float) -> 
         dtype = getattr(torch, v.meta.dtype, None)
         if dtype is None:
             return None
-        if dtype.is_floating_point:
-            t = torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
-            out[r] = t.requires_grad_(v.requires_grad)
+        if dtype.is_floating_point:           # drawn on the device: a GPU's logits are GBs
+            out[r] = torch.randn(shape, device=device, dtype=dtype).requires_grad_(v.requires_grad)
         elif dtype == torch.bool:
             out[r] = torch.ones(shape, dtype=dtype, device=device)
         else:                                  # ids, targets, indices: 0 is valid for every op
