@@ -67,3 +67,39 @@ def test_local_dropout_scales_kept_elements_and_handles_edges():
 def test_cuda_draws_the_same_bits_as_the_cpu():
     piece = ShardInfo(2, 4, 20, 33)
     assert torch.equal(dropout_keep("n", 3, SHAPE, 0.1, piece, "cuda").cpu(), dropout_keep("n", 3, SHAPE, 0.1, piece))
+
+
+# ---- attention dropout ---------------------------------------------------------------------------
+
+def test_attention_written_out_is_sdpa_and_drops_the_given_weights():
+    from hapc.runtime.local_ops import attention_with_dropout
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g) for _ in range(3))
+    everything = torch.ones(2, 3, 5, 5, dtype=torch.bool)
+    for causal in (False, True):
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        got = attention_with_dropout(q, k, v, None, 0.5, causal, None, False, everything) * 0.5
+        assert torch.allclose(got, want, atol=1e-6)
+    # A query shard (rows 2..4) with its causal offset is those rows of the whole.
+    whole = attention_with_dropout(q, k, v, None, 0.3, True, None, False, everything)
+    part = attention_with_dropout(q[:, :, 2:], k, v, None, 0.3, True, None, False, everything[:, :, 2:], 2)
+    assert torch.allclose(part, whole[:, :, 2:], atol=1e-6)
+    # Dropping every weight of query 0 zeroes its output.
+    keep = everything.clone()
+    keep[:, :, 0] = False
+    assert torch.count_nonzero(attention_with_dropout(q, k, v, None, 0.3, False, None, False, keep)[:, :, 0]) == 0
+
+
+def test_one_rank_attention_dropout_replays_under_the_node_seed():
+    from hapc.runtime.local_ops import seeded_attention
+
+    q = torch.randn(2, 3, 6, 4, requires_grad=True)
+    outs = []
+    for _ in range(2):
+        with seeded_attention("attn", 4, q.device):
+            outs.append(torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.5))
+    assert torch.equal(outs[0], outs[1])
+    with seeded_attention("attn", 5, q.device):
+        other = torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    assert not torch.equal(outs[0], other)

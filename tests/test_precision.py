@@ -97,18 +97,25 @@ def test_bad_precision_is_one_line_exit_2(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_hf_gpt2_bf16_plan_verifies_on_three_uneven_gloo_ranks(tmp_path):
+@pytest.mark.parametrize("precision, attn_dropout", [("bf16", 0.0), ("fp32", 0.2)])
+def test_hf_gpt2_plan_verifies_on_three_uneven_gloo_ranks(tmp_path, precision, attn_dropout):
+    """bf16: within the bf16 tolerance; fp32 with attention dropout inside sdpa (and residual
+    dropout): exact, every rank drawing its piece of the same masks."""
     import yaml
     from test_codegen import torchrun, verify_line
 
     cluster = tmp_path / "three.yaml"
     cluster.write_text(yaml.safe_dump(THREE_UNEVEN))
-    small = ["layers=2", "hidden=64", "heads=4", "seq=16", "vocab=101", "batch=5", "dropout=0.1"]
+    small = ["layers=2", "hidden=64", "heads=4", "seq=16", "vocab=101", "batch=5", "dropout=0.1",
+             f"attn_dropout={attn_dropout}"]
     args = ["compile", str(ROOT / "configs" / "models" / "hf_gpt2.py"), "--cluster", str(cluster),
-            "--precision", "bf16", "-o", str(tmp_path / "out"), "--quiet"]
+            "--precision", precision, "-o", str(tmp_path / "out"), "--quiet"]
     assert main(args + [x for kv in small for x in ("--set", kv)]) == 0
     plan = Plan.load(tmp_path / "out" / "plan.json")
-    assert plan.precision.name == "bf16" and len(set(plan.ratios)) > 1
+    assert plan.precision.name == precision and len(set(plan.ratios)) > 1
     proc = torchrun(tmp_path / "out" / "program.py", 3, "--verify", "--steps", "2", timeout=600)
-    assert "verify tolerance: bf16" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert verify_line(proc).startswith("verify: ok"), proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert f"verify tolerance: {precision}" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+    line = verify_line(proc)
+    assert line.startswith("verify: ok"), proc.stdout[-2000:] + proc.stderr[-3000:]
+    if precision == "fp32":
+        assert float(line.split("max_abs_err=")[1]) < 1e-5

@@ -321,11 +321,30 @@ def _program_dropout_masks(step_seed: int):
         keep = L.dropout_keep(node, step_seed, x.shape, p, device=x.device, shared=WORLD > 1).to(x.dtype)
         return x * keep / (1.0 - p)
 
+    # Attention dropout likewise: the k-th scaled_dot_product_attention call with dropout_p > 0
+    # replays the k-th attention node's mask (several ranks: the shared counter-based mask on
+    # attention written out; one rank: torch's kernel under the node's seed).
+    attention_nodes = iter([n for n, call in LOCAL_CALLS.items()
+                            if call[0] == "aten.scaled_dot_product_attention.default"])
+    original_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        node = next(attention_nodes, None) if dropout_p > 0.0 else None
+        if node is None:
+            return original_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        if WORLD == 1:
+            with L.seeded_attention(node, step_seed, q.device):
+                return original_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        keep = L.dropout_keep(node, step_seed, (*q.shape[:-1], k.shape[-2]), dropout_p, device=q.device)
+        return L.attention_with_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, keep)
+
     torch.nn.functional.dropout = dropout
+    torch.nn.functional.scaled_dot_product_attention = sdpa
     try:
         yield
     finally:
         torch.nn.functional.dropout = original
+        torch.nn.functional.scaled_dot_product_attention = original_sdpa
 
 
 def verify(trainer: Trainer, loss: torch.Tensor, batch: Sequence[torch.Tensor]) -> bool:
@@ -344,7 +363,8 @@ def verify(trainer: Trainer, loss: torch.Tensor, batch: Sequence[torch.Tensor]) 
             checks.append((f"gradient of {target}", g, p.grad if p.grad is not None else torch.zeros_like(p)))
         worst, failed = 0.0, None
         rtol, atol = verify_tolerance()
-        print(f"verify tolerance: {PRECISION} (one device under the same autocast), "
+        against = "one device under the same bf16 autocast" if PRECISION == "bf16" else "one device in float32"
+        print(f"verify tolerance: {PRECISION} ({against}), "
               f"atol {atol:g} + rtol {rtol:g} x each tensor's largest magnitude", flush=True)
         for what, got, want in checks:
             err = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0

@@ -11,9 +11,10 @@ one process and with real ``torch.distributed`` collectives in an emitted progra
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,6 +183,56 @@ def sdpa_query_shard(ctx: RankCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Te
             torch.where(causal, attn_mask, torch.tensor(float("-inf"), dtype=q.dtype))
     return torch.nn.functional.scaled_dot_product_attention(
         q, k, v, causal, dropout_p, False, scale=scale, enable_gqa=enable_gqa)
+
+
+def attention_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any, dropout_p: float,
+                           is_causal: bool, scale: float | None, enable_gqa: bool, keep: torch.Tensor,
+                           query_offset: int = 0) -> torch.Tensor:
+    """Scaled dot-product attention written out, dropping attention weights where ``keep`` is
+    False: what ``scaled_dot_product_attention`` computes with ``dropout_p``, but with a mask
+    the caller draws (so a shard, and ``--verify``'s reference, can drop the same weights).
+    ``query_offset``: global position of the first query (a query shard's causal mask)."""
+    if enable_gqa and k.shape[-3] != q.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+    scores = (q @ k.transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if is_causal:
+        rows = torch.arange(q.shape[-2], device=q.device).unsqueeze(-1) + query_offset
+        scores = scores.masked_fill(torch.arange(k.shape[-2], device=q.device) > rows, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    weights = torch.softmax(scores, dim=-1)
+    return (weights * keep.to(weights.dtype).mul_(1.0 / (1.0 - dropout_p))) @ v
+
+
+@local_op
+def sdpa_dropout(ctx: RankCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask=None,
+                 dropout_p: float = 0.0, is_causal: bool = False, scale=None, enable_gqa: bool = False):
+    """Attention with dropout on this rank's piece: the mask over the global attention
+    weights ``[B, H, Sq, Sk]`` is cut along the dim the queries are sharded on (batch, heads
+    or queries; all three line up with the weights), or whole for replicated queries.
+    One rank alone runs torch's own kernel, its generator seeded per (step, node) so that
+    ``--verify`` replays it (see ``seeded_attention``)."""
+    if not ctx.exact_pieces:
+        with seeded_attention(ctx.node, ctx.seed, q.device):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal,
+                                                                    scale=scale, enable_gqa=enable_gqa)
+    q_info = ctx.inputs[0]
+    shape = (*ctx.out_shapes[0][:-1], k.shape[-2])            # [B, H, Sq, Sk], global
+    piece = None if q_info is None else ShardInfo(q_info.dim, q_info.offset, q_info.length, q_info.global_length)
+    keep = dropout_keep(ctx.node, ctx.seed, shape, dropout_p, piece, q.device)
+    offset = q_info.offset if q_info is not None and q_info.dim == 2 else 0
+    return attention_with_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, keep, offset)
+
+
+@contextlib.contextmanager
+def seeded_attention(node: str, step_seed: int, device: torch.device) -> Iterator[None]:
+    """The device's default generator starts from (node, step)'s seed inside, and is restored
+    after: torch's fused attention-dropout kernel then draws the same mask every time it gets
+    the same call on the same device (its backward regenerates it from the saved state)."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(node_seed(node, step_seed))
+        yield
 
 
 @local_op
