@@ -156,7 +156,8 @@ def _one(label: str, model_file: Path, overrides: dict[str, Any], precision: str
     graph = autocast_graph(traced.graph, precision)
     from costmodel.cluster import load_cluster
 
-    profile_ops(graph, cluster_file, load_cluster(cluster_file).devices[0].type, dev,
+    cluster = load_cluster(cluster_file)
+    profile_ops(graph, cluster_file, cluster.devices[0].type, dev, allow_tf32=cluster.allow_tf32,
                 autocast=torch.bfloat16 if precision == "bf16" else None)
     plan = synthesize(traced, None, cluster_file, model_file=str(model_file), model_kwargs=dict(overrides),
                       precision=precision)

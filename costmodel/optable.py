@@ -74,6 +74,12 @@ class OpTable:
             return None
         return _interpolate(sorted(points), fraction)
 
+    def restricted_to(self, graph: Graph) -> OpTable:
+        """The entries ``graph`` uses (what a plan keeps of a table shared by many models)."""
+        used = {self._signature(n, graph) for n in graph.nodes}
+        return OpTable(self.device, self.device_name, self.torch_version,
+                       {k: v for k, v in self.entries.items() if k in used}, self.source)
+
     def covers(self, node: Node, graph: Graph) -> bool:
         return self._signature(node, graph) in self.entries
 

@@ -180,7 +180,8 @@ def _profile_model_ops(args: argparse.Namespace) -> int:
     say(f"tracing {args.model}")
     graph = autocast_graph(_trace_model_file(mf, trace).graph, args.precision)
     table = profile_ops(graph, args.output, cluster.devices[0].type, device,
-                        autocast=torch.bfloat16 if args.precision == "bf16" else None, say=say)
+                        autocast=torch.bfloat16 if args.precision == "bf16" else None,
+                        allow_tf32=cluster.allow_tf32, say=say)
     from costmodel.optable import measured_share, table_path
 
     measured, total = measured_share(graph, table)

@@ -100,12 +100,15 @@ class Plan:
                 steps.append({"redistribute": s.src, "out": s.out, "from": repr(s.src_layout),
                               "to": repr(s.dst_layout), "method": s.method})
         sim = self.sim
+        cluster = self.cluster.to_dict()
+        if self.cluster.op_table is not None:     # the measured times this plan was priced with
+            cluster["measured_ops"] = self.cluster.op_table.restricted_to(self.graph).to_dict()
         return _canonical({
             "format": FORMAT,
             "name": self.name,
             "model": self.model,
             "graph_hash": self.graph.hash(),
-            "cluster": self.cluster.to_dict(),
+            "cluster": cluster,
             "shares": list(self.program.shares),
             "source_layouts": {k: repr(v) for k, v in sorted(self.program.source_layouts.items())},
             "steps": steps,

@@ -37,9 +37,14 @@ def device_label(device: torch.device) -> str:
 
 
 def profile_ops(graph: Graph, cluster_file: str | Path, cluster_device: str, device: torch.device, *,
-                autocast: torch.dtype | None = None, min_seconds: float = 0.05, say: Say = lambda m: None) -> OpTable:
+                autocast: torch.dtype | None = None, allow_tf32: bool = False, min_seconds: float = 0.05,
+                say: Say = lambda m: None) -> OpTable:
     """Time ``graph``'s distinct op signatures on ``device``; merge them into the table beside
-    ``cluster_file`` (made when missing, replaced when from another device or torch) and save it."""
+    ``cluster_file`` (made when missing, replaced when from another device or torch) and save it.
+    On CUDA, float32 products run with TF32 as ``allow_tf32`` says (the cluster's setting, which
+    the emitted program applies)."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = allow_tf32
     path = table_path(cluster_file)
     table = _existing(path, cluster_device)
     nodes: dict[str, Node] = {}
