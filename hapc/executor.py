@@ -49,8 +49,11 @@ def replicated_program(graph, world: int = 1) -> DistProgram:
 
 
 def run(program: DistProgram, traced: Traced, inputs: Sequence[torch.Tensor], *,
-        dtype: torch.dtype | None = None, seed: int = 0, backward: bool = True) -> RunResult:
-    """Execute ``program`` on ``len(program.shares)`` simulated ranks; return loss and grads."""
+        dtype: torch.dtype | None = None, seed: int = 0, backward: bool = True,
+        autocast: torch.dtype | None = None) -> RunResult:
+    """Execute ``program`` on ``len(program.shares)`` simulated ranks; return loss and grads.
+    ``autocast`` (``torch.bfloat16``) runs the forward under CPU autocast, as a bf16 plan's
+    emitted program does; parameters stay in their own dtype (master weights)."""
     graph = program.graph
     leaves: dict[str, torch.Tensor] = {}
     for name in graph.params:
@@ -69,14 +72,15 @@ def run(program: DistProgram, traced: Traced, inputs: Sequence[torch.Tensor], *,
         env[name] = _scatter(program, name, leaves[name], layout)
 
     nodes = {n.name: n for n in graph.nodes}
-    for step in program.steps:
-        if isinstance(step, Redistribute):
-            env[step.out] = redistribute(program, step, env[step.src])
-        else:
-            node = nodes[step.node]
-            outs = _compute(program, node, step, env, seed, dtype)
-            for name, pieces in zip(node.outputs, outs):
-                env[name] = pieces
+    with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        for step in program.steps:
+            if isinstance(step, Redistribute):
+                env[step.out] = redistribute(program, step, env[step.src])
+            else:
+                node = nodes[step.node]
+                outs = _compute(program, node, step, env, seed, dtype)
+                for name, pieces in zip(node.outputs, outs):
+                    env[name] = pieces
 
     out_layout = program.layouts()[graph.output]
     pieces = env[graph.output]

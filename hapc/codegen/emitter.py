@@ -49,13 +49,15 @@ RESERVED = {"rt", "v", "aten", "torch", "math", "L", "C", "M", "forward"}
 
 def emit(program: DistProgram, model_file: str, out_dir: str, *, model_kwargs: dict | None = None,
          optimizer: str = "adamw", seed: int = 0, plan_summary: str = "", cluster: Any = None,
-         constants: dict | None = None) -> str:
+         constants: dict | None = None, precision: Any = None) -> str:
     """Write ``out_dir/program.py`` and its sibling files; return the program's path.
 
     ``cluster`` (a :class:`costmodel.cluster.Cluster`) resolves each ``"auto"`` collective to
     the variant the cost model prices cheapest, so the program runs what was predicted;
     without it "auto" is the padded form. ``constants`` (``Traced.constants``) are tensors the
     trace lifted out of the model; they are saved beside the program when the graph uses any.
+    ``precision`` (a :class:`hapc.ir.precision.Precision`; default float32, TF32 off) sets
+    the program's autocast and TF32 tables.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {', '.join(OPTIMIZERS)}")
@@ -82,14 +84,14 @@ def emit(program: DistProgram, model_file: str, out_dir: str, *, model_kwargs: d
         (out / "constants.pt").unlink(missing_ok=True)     # never another plan's constants
 
     source = render(program, model_name, model_kwargs=model_kwargs or {}, optimizer=optimizer, seed=seed,
-                    plan_summary=plan_summary, cluster=cluster)
+                    plan_summary=plan_summary, cluster=cluster, precision=precision)
     path = out / "program.py"
     path.write_text(source)
     return str(path)
 
 
 def render(program: DistProgram, model_name: str, *, model_kwargs: dict, optimizer: str = "adamw",
-           seed: int = 0, plan_summary: str = "", cluster: Any = None) -> str:
+           seed: int = 0, plan_summary: str = "", cluster: Any = None, precision: Any = None) -> str:
     """The text of ``program.py`` (see the module docstring)."""
     skeleton = SKELETON.read_text()
     head, rest = skeleton.split(BEGIN, 1)
@@ -97,7 +99,8 @@ def render(program: DistProgram, model_name: str, *, model_kwargs: dict, optimiz
     doc_end = ast.parse(skeleton).body[0].end_lineno
     head = "\n".join(head.splitlines()[doc_end:])
     names = _Names(program)
-    body = _tables(program, names, model_name, model_kwargs, optimizer, seed, cluster) + "\n\n\n" + \
+    body = _tables(program, names, model_name, model_kwargs, optimizer, seed, cluster) + "\n" + \
+        _precision_tables(precision) + "\n\n\n" + \
         _forward(program, names, cluster)
     return _docstring(program, model_name, plan_summary) + head.rstrip("\n") + "\n\n" + BEGIN + "\n" + body + \
         "\n" + END + tail
@@ -166,6 +169,22 @@ def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: 
         _tuple("GRAD_SYNC_ORDER: tuple[str, ...]", _grad_sync_order(program)),
     ]
     return "\n".join(lines)
+
+
+def _precision_tables(precision: Any) -> str:
+    """PRECISION and ALLOW_TF32 (see hapc.ir.precision); gradients stay in float32."""
+    from hapc.ir.precision import Precision
+
+    p = precision if precision is not None else Precision()
+    return "\n".join([
+        "",
+        "# Numerics the plan was priced for: bf16 runs the forward under torch.autocast with float32",
+        "# master weights and optimizer state; ALLOW_TF32 (the cluster file's allow_tf32) lets",
+        "# float32 products use TF32 units, overridable with --tf32 on|off. Gradients are",
+        f"# all-reduced in {p.grad_reduce_dtype}.",
+        f"PRECISION = {p.name!r}",
+        f"ALLOW_TF32 = {p.allow_tf32!r}",
+    ])
 
 
 def _dict(header: str, items: dict) -> str:
