@@ -21,8 +21,9 @@ import torch
 
 from hapc.ir.graph import Node, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
-from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
-from hapc.runtime.local_ops import LOCAL_OPS, Collective, RankCtx, ShardInfo
+from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy, empty_ranks
+from hapc.runtime.local_ops import (LOCAL_OPS, Collective, RankCtx, ShardInfo, empty_piece_result,
+                                    rescale_to_global)
 from hapc.tracer import Traced
 
 Pieces = list[torch.Tensor]
@@ -48,8 +49,11 @@ def replicated_program(graph, world: int = 1) -> DistProgram:
 
 
 def run(program: DistProgram, traced: Traced, inputs: Sequence[torch.Tensor], *,
-        dtype: torch.dtype | None = None, seed: int = 0, backward: bool = True) -> RunResult:
-    """Execute ``program`` on ``len(program.shares)`` simulated ranks; return loss and grads."""
+        dtype: torch.dtype | None = None, seed: int = 0, backward: bool = True,
+        autocast: torch.dtype | None = None) -> RunResult:
+    """Execute ``program`` on ``len(program.shares)`` simulated ranks; return loss and grads.
+    ``autocast`` (``torch.bfloat16``) runs the forward under CPU autocast, as a bf16 plan's
+    emitted program does; parameters stay in their own dtype (master weights)."""
     graph = program.graph
     leaves: dict[str, torch.Tensor] = {}
     for name in graph.params:
@@ -68,14 +72,15 @@ def run(program: DistProgram, traced: Traced, inputs: Sequence[torch.Tensor], *,
         env[name] = _scatter(program, name, leaves[name], layout)
 
     nodes = {n.name: n for n in graph.nodes}
-    for step in program.steps:
-        if isinstance(step, Redistribute):
-            env[step.out] = redistribute(program, step, env[step.src])
-        else:
-            node = nodes[step.node]
-            outs = _compute(program, node, step, env, seed, dtype)
-            for name, pieces in zip(node.outputs, outs):
-                env[name] = pieces
+    with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        for step in program.steps:
+            if isinstance(step, Redistribute):
+                env[step.out] = redistribute(program, step, env[step.src])
+            else:
+                node = nodes[step.node]
+                outs = _compute(program, node, step, env, seed, dtype)
+                for name, pieces in zip(node.outputs, outs):
+                    env[name] = pieces
 
     out_layout = program.layouts()[graph.output]
     pieces = env[graph.output]
@@ -158,7 +163,10 @@ def _compute(program: DistProgram, node: Node, step: Compute, env: dict[str, Pie
     for rank in range(world):
         # input_refs may repeat a name with different layouts: substitute by position.
         args, kwargs = _substitute(node, [env[v][rank] for v in step.inputs], dtype)
-        if strat.local is None:
+        if strat.local is None and _empty_here(program, step, rank):
+            res = empty_piece_result([env[v][rank] for v in step.inputs], _local_out_shapes(program, node, strat, rank),
+                                     [program.graph.meta(o).dtype for o in node.outputs])
+        elif strat.local is None:
             res = fn(*args, **kwargs)
         else:
             ctx = RankCtx(rank, world, node.name, node.op,
@@ -177,10 +185,18 @@ def _compute(program: DistProgram, node: Node, step: Compute, env: dict[str, Pie
             pos = strat.rescale[0]
             info = _infos(program, [step.inputs[pos]], [strat.inputs[pos]], rank)[0]
             if info is not None:
-                res = [r * (info.length / info.global_length) for r in res]
+                res = [rescale_to_global(r, info.length, info.global_length) for r in res]
         for i in range(len(node.outputs)):
             outs[i].append(res[i])
     return outs
+
+
+def _empty_here(program: DistProgram, step: Compute, rank: int) -> bool:
+    return rank in empty_ranks(program, step)
+
+
+def _local_out_shapes(program: DistProgram, node: Node, strat: Strategy, rank: int) -> list[tuple[int, ...]]:
+    return [program.local_shape(o, lay, rank) for o, lay in zip(node.outputs, strat.outputs)]
 
 
 def _drive_lockstep(gens: list) -> list[Any]:
