@@ -21,16 +21,30 @@ def summary_text(plan: Plan) -> str:
         f"(lower bound {plan.lower_bound * ms:.3f} ms; {plan.cost / plan.lower_bound:.2f}x of it)"
         if plan.lower_bound > 0 else f"predicted time per iteration: {plan.cost * ms:.3f} ms",
     ]
+    lines.append(f"precision: {plan.precision.describe()}")
+    lines.append(_measured_line(plan))
     if plan.baselines:
         parts = [f"{k} {v * ms:.3f} ms ({v / plan.cost:.2f}x)" for k, v in sorted(plan.baselines.items())]
         lines.append("baselines (speed-up of this plan): " + ", ".join(parts))
     lines.append(sim.table())
-    if plan.search:
+    if plan.search and "segments" in plan.search:      # a baseline, or a replan that kept one, has none
         s = plan.search
         lines.append(f"search: {'optimal under the search cost model' if s.get('exact') else 'time budget hit'}"
                      f", {s.get('segments', '?')} segments ({s.get('distinct_segments', '?')} distinct), "
                      f"{s.get('states_expanded', '?')} states expanded")
     return "\n".join(lines)
+
+
+def _measured_line(plan: Plan) -> str:
+    """Which compute steps were priced from times measured on the device."""
+    from costmodel.optable import measured_share
+
+    table = plan.cluster.op_table
+    measured, total = measured_share(plan.graph, table, [d.type for d in plan.cluster.devices])
+    if table is None or measured == 0:
+        return f"compute: all {total} op nodes priced by the roofline (no per-op times measured on the device)"
+    return (f"compute: {measured} of {total} op nodes priced from times measured on {table.device} "
+            f"({table.device_name}, torch {table.torch_version}), the rest by the roofline")
 
 
 def write_report(plan: Plan, out_dir: str | Path) -> Path:
