@@ -34,7 +34,8 @@ def _offered(op: str, sample: Sample) -> list[Strategy]:
 def test_ops_from_model_families_have_rules():
     for op in ["aten.baddbmm.default", "aten.__and__.Tensor", "aten.__or__.Tensor", "aten.diff.default",
                "aten.type_as.default", "aten.to.device", "aten._weight_norm.default", "aten.min.other",
-               "aten.floor_divide.default", "aten.slice_scatter.default", "aten.select_scatter.default"]:
+               "aten.floor_divide.default", "aten.slice_scatter.default", "aten.select_scatter.default",
+               "aten.fill.Tensor"]:
         assert has_rule(op), op
 
 

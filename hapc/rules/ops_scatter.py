@@ -1,4 +1,4 @@
-"""Writes of one tensor into a slice of another, as the tracer's functionalization emits them
+"""Writes of one tensor into a slice of another (and fills), as the tracer's functionalization emits them
 for in-place writes (``shifted[:, 1:] = labels[:, :-1]`` becomes ``slice_scatter``; a write
 into ``x[:, 0]`` becomes ``select_scatter``).
 
@@ -13,7 +13,7 @@ from hapc.ir.layout import P, Shard
 from hapc.ir.program import Strategy
 from hapc.rules.registry import Sample, register
 from hapc.rules.samples import Ids, T
-from hapc.rules.spec import normalize_dim
+from hapc.rules.spec import normalize_dim, pointwise_strategies
 
 
 def _arg(node: Node, pos: int, name: str, default):
@@ -53,3 +53,13 @@ def select_scatter_rule(node: Node, graph: Graph) -> list[Strategy]:
     rank = len(graph.meta(node.input_refs()[0]).shape)
     dim = normalize_dim(_arg(node, 2, "dim", 0), rank)
     return _scatter_strategies(node, graph, dim, src_drops_dim=True)
+
+
+@register("aten.fill.Tensor", samples=lambda: [
+    Sample((T(5, 7), T())), Sample((Ids(9, 5, 7), Ids(9)))])
+def fill_rule(node: Node, graph: Graph) -> list[Strategy]:
+    """``x.fill_(value)`` functionalized: every element becomes the (0-dim) value, so any
+    dimension of ``x`` may be sharded with the value replicated. Not linear in ``x``."""
+    if graph.meta(node.input_refs()[1]).shape != ():
+        return []
+    return pointwise_strategies(node, graph, None)
