@@ -8,8 +8,8 @@ real even where the synthesizer prefers data parallelism on so small a model). B
 in-process executor in float64 against one device; under torchrun, every family's synthesized
 plan and the tensor-parallel plan of three (Llama: vocabulary-parallel embedding with a padding
 row; BERT; BLOOM: ALiBi through baddbmm), to keep CI's time in bounds. The families
-owned by the ``correct`` issue (T5, BART, Whisper, Falcon, Mixtral) are run too, marked
-``xfail`` (not strict) until that work lands: a failure there is reported, not hidden.
+owned by the ``correct`` issue (T5, BART, Whisper, Falcon, Mixtral) run here in-process only:
+tests/test_families_encdec.py runs them under torchrun.
 
 Slow (one torchrun per case): ``.venv/bin/python -m pytest -q -m slow tests/test_families.py``.
 """
@@ -53,17 +53,9 @@ def _traced(family: str):
 TORCHRUN_TENSOR_PARALLEL = ("llama", "bert", "bloom")
 
 
-def _marks(family: str) -> list:
-    hf, _ = _modules()
-    if hf.FAMILIES[family].owner == "coverage":
-        return []
-    return [pytest.mark.xfail(reason="encoder-decoder inputs, custom ops and meta constants: the 'correct' "
-                                     "issue", strict=False)]
-
-
 def _cases(plans_for) -> list:
     hf, _ = _modules()
-    return [pytest.param(family, plan, marks=_marks(family), id=f"{family}-{plan}")
+    return [pytest.param(family, plan, id=f"{family}-{plan}")
             for family in hf.FAMILIES for plan in plans_for(family)]
 
 
@@ -79,8 +71,14 @@ def test_family_plan_matches_one_device_in_process(family, plan):
     assert err < coverage.VERIFY_TOLERANCE, f"{family} {plan}: max_abs_err={err:.3g}"
 
 
-@pytest.mark.parametrize("family, plan", _cases(
-    lambda family: ("synth", "megatron-tp") if family in TORCHRUN_TENSOR_PARALLEL else ("synth",)))
+def _torchrun_plans(family: str) -> tuple[str, ...]:
+    hf, _ = _modules()
+    if hf.FAMILIES[family].owner != "coverage":
+        return ()           # tests/test_families_encdec.py runs those under torchrun
+    return ("synth", "megatron-tp") if family in TORCHRUN_TENSOR_PARALLEL else ("synth",)
+
+
+@pytest.mark.parametrize("family, plan", _cases(_torchrun_plans))
 def test_family_verifies_on_three_uneven_gloo_ranks(family, plan, tmp_path):
     from costmodel.cluster import load_cluster
     from hapc.codegen import emit

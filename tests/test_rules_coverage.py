@@ -34,7 +34,8 @@ def _offered(op: str, sample: Sample) -> list[Strategy]:
 def test_ops_from_model_families_have_rules():
     for op in ["aten.baddbmm.default", "aten.__and__.Tensor", "aten.__or__.Tensor", "aten.diff.default",
                "aten.type_as.default", "aten.to.device", "aten._weight_norm.default", "aten.min.other",
-               "aten.floor_divide.default"]:
+               "aten.floor_divide.default", "aten.slice_scatter.default", "aten.select_scatter.default",
+               "aten.fill.Tensor"]:
         assert has_rule(op), op
 
 
@@ -78,6 +79,13 @@ def test_weight_norm_shards_its_kept_dimension():
     offered = _offered("aten._weight_norm.default", Sample((T(6, 5, 7), T(1, 1, 7), 2)))
     assert Strategy((Shard(2), Shard(2)), (Shard(2),)) in offered
     assert Strategy((Shard(0), Shard(0)), (Shard(0),)) not in offered
+
+
+def test_scatter_shards_all_but_the_written_dimension():
+    sample = Sample((T(5, 7), T(5, 6), 1, 1))              # x[:, 1:] = src, as T5's shift writes
+    offered = _offered("aten.slice_scatter.default", sample)
+    assert Strategy((Shard(0), Shard(0)), (Shard(0),)) in offered
+    assert Strategy((Shard(1), Shard(1)), (Shard(1),)) not in offered
 
 
 def test_casts_keep_partial_sums_only_between_floats():
