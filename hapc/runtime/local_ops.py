@@ -147,6 +147,9 @@ def vocab_parallel_embedding(ctx: RankCtx, weight: torch.Tensor, ids: torch.Tens
                              *rest: Any) -> torch.Tensor:
     """Rows of a vocabulary shard; ids owned by other ranks give zeros (output is Partial)."""
     info = ctx.inputs[0]
+    if info.length == 0:      # no rows here (an empty piece): every id is another rank's
+        return empty_piece_result([weight, ids], [(*ids.shape, weight.shape[-1])],
+                                  [str(weight.dtype).removeprefix("torch.")])[0]
     local = ids - info.offset
     mine = (local >= 0) & (local < info.length)
     out = torch.nn.functional.embedding(torch.where(mine, local, torch.zeros_like(local)), weight)
