@@ -247,7 +247,8 @@ def vocab_parallel_cross_entropy(ctx: RankCtx, logits: torch.Tensor, target: tor
     contributes ``logsumexp``.
     """
     info = ctx.inputs[0]
-    local_max = logits.detach().amax(dim=-1)
+    classes_here = logits.shape[-1] > 0      # none on a rank with an empty piece
+    local_max = logits.detach().amax(dim=-1) if classes_here else logits.new_full(logits.shape[:-1], -float("inf"))
     global_max = yield Collective("max", local_max)
     sum_exp = torch.exp(logits - global_max.unsqueeze(-1)).sum(dim=-1)
     global_sum_exp = yield Collective("sum", sum_exp)
@@ -255,8 +256,11 @@ def vocab_parallel_cross_entropy(ctx: RankCtx, logits: torch.Tensor, target: tor
     valid = target != ignore_index
     local_t = target - info.offset
     mine = (local_t >= 0) & (local_t < info.length) & valid
-    picked = logits.gather(-1, torch.where(mine, local_t, torch.zeros_like(local_t)).unsqueeze(-1))
-    picked = picked.squeeze(-1) * mine.to(logits.dtype)
+    if classes_here:
+        picked = logits.gather(-1, torch.where(mine, local_t, torch.zeros_like(local_t)).unsqueeze(-1))
+        picked = picked.squeeze(-1) * mine.to(logits.dtype)
+    else:
+        picked = logits.sum(dim=-1)          # zeros, still tied to the logits
     own_lse = lse * valid.to(logits.dtype) if ctx.rank == 0 else torch.zeros_like(lse)
     terms = own_lse - picked
     if reduction == 0:
