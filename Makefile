@@ -7,7 +7,7 @@ PIP    := $(VENV)/bin/pip
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-all lint rules-check fuzz bench golden clean
+.PHONY: install demo test test-all test-torch lint rules-check fuzz bench bench-gpu golden clean
 
 install: $(STAMP)
 
@@ -27,6 +27,12 @@ test: install
 
 test-all: install
 	$(PY) -m pytest -q -m ""
+
+# The tracer, rule-checker, executor and emitted-program tests against another torch, in a venv
+# of its own (.venv-torch-<version>, kept between runs; the main .venv is not touched):
+#   make test-torch TORCH_SPEC=torch==2.14.1      (TEST_TORCH_SLOW=0 skips the torchrun tests)
+test-torch:
+	scripts/test_torch.sh "$(TORCH_SPEC)"
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -49,6 +55,12 @@ fuzz: install
 # writes bench/results.json and BENCHMARKS.md (not part of `make test`; about 10 minutes).
 bench: install
 	$(PY) -m bench.run
+
+# One short run on one GPU (budget: under 6 minutes on an H200): profile the GPU, then plan, run
+# and time each benchmark config in fp32 and bf16 against the plain eager model; fills the GPU
+# section of BENCHMARKS.md. `python -m bench.gpu --device cpu --quick` tests its logic on CPU.
+bench-gpu: install
+	$(PY) -m bench.gpu
 
 # Refresh the golden plans that tests/test_golden.py checks with `hapc check`; prints what changed.
 golden: install

@@ -94,7 +94,7 @@ def _gather_params_score(node, strategy, builder) -> float:
     from synth.builder import redistribution_penalty
 
     cost = 0.0
-    for value, lay in zip(node.input_refs(), strategy.inputs):
+    for value, lay in zip(builder.refs(node), strategy.inputs):
         if builder.graph.values[value].kind == "param":
             cost += 0.0 if isinstance(lay, Replicate) else 10.0
         else:
