@@ -201,6 +201,9 @@ def vocab_parallel_embedding(ctx: RankCtx, weight: torch.Tensor, ids: torch.Tens
     """Rows of a vocabulary shard; ids owned by other ranks give zeros (output is Partial).
     The rank that owns ``padding_idx`` keeps that row's gradient at zero, as torch does."""
     info = ctx.inputs[0]
+    if info.length == 0:      # no rows here (an empty piece): every id is another rank's
+        return empty_piece_result([weight, ids], [(*ids.shape, weight.shape[-1])],
+                                  [str(weight.dtype).removeprefix("torch.")])[0]
     local = ids - info.offset
     mine = (local >= 0) & (local < info.length)
     padding_idx = kwargs.get("padding_idx", padding_idx)
@@ -351,7 +354,8 @@ def vocab_parallel_cross_entropy(ctx: RankCtx, logits: torch.Tensor, target: tor
     contributes ``logsumexp``.
     """
     info = ctx.inputs[0]
-    local_max = logits.detach().amax(dim=-1)
+    classes_here = logits.shape[-1] > 0      # none on a rank with an empty piece
+    local_max = logits.detach().amax(dim=-1) if classes_here else logits.new_full(logits.shape[:-1], -float("inf"))
     global_max = yield Collective("max", local_max)
     sum_exp = torch.exp(logits - global_max.unsqueeze(-1)).sum(dim=-1)
     global_sum_exp = yield Collective("sum", sum_exp)
@@ -359,8 +363,11 @@ def vocab_parallel_cross_entropy(ctx: RankCtx, logits: torch.Tensor, target: tor
     valid = target != ignore_index
     local_t = target - info.offset
     mine = (local_t >= 0) & (local_t < info.length) & valid
-    picked = logits.gather(-1, torch.where(mine, local_t, torch.zeros_like(local_t)).unsqueeze(-1))
-    picked = picked.squeeze(-1) * mine.to(logits.dtype)
+    if classes_here:
+        picked = logits.gather(-1, torch.where(mine, local_t, torch.zeros_like(local_t)).unsqueeze(-1))
+        picked = picked.squeeze(-1) * mine.to(logits.dtype)
+    else:
+        picked = logits.sum(dim=-1)          # zeros, still tied to the logits
     own_lse = lse * valid.to(logits.dtype) if ctx.rank == 0 else torch.zeros_like(lse)
     terms = own_lse - picked
     if reduction == 0:

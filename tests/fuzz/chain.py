@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,11 +32,22 @@ from hapc.ir.program import DistProgram, Redistribute
 from hapc.rules.registry import strategies
 from synth.baselines import BASELINES, baseline_program
 from synth.ratios import MemoryInfeasible
-from tests.fuzz.models import ClusterSpec, ModelSpec, Outcome
+from tests.fuzz.models import ClusterSpec, ModelSpec
 
 TOLERANCE = 1e-9          # float64, relative to the size of the value compared
 # The one-line error when nothing fits: how many GB are missing on which device.
 _MISSING = re.compile(r"^[^\n]*\b[0-9.e+-]+ GB missing on \S+#\d+[^\n]*$")
+
+
+@dataclass
+class Outcome:
+    """What one whole-chain case did (the fuzz tests record it as hypothesis events)."""
+
+    plan_name: str = ""
+    shares: tuple[float, ...] = ()
+    empty_pieces: list[str] = field(default_factory=list)
+    infeasible: str = ""
+    max_err: float = 0.0
 
 
 def replicated_bytes(traced) -> float:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -318,14 +318,3 @@ def cluster_specs(draw, max_devices: int = 9) -> ClusterSpec:
     return ClusterSpec(speeds, memory, nodes if len(nodes) > 1 else (),
                        network_Gbps=draw(st.sampled_from((1.0, 25.0, 200.0))),
                        intra_GBps=draw(st.sampled_from((5.0, 50.0, 300.0))))
-
-
-@dataclass
-class Outcome:
-    """What one whole-chain case did, for the report and the slow torchrun pass."""
-
-    plan_name: str = ""
-    shares: tuple[float, ...] = ()
-    empty_pieces: list[str] = field(default_factory=list)
-    infeasible: str = ""
-    max_err: float = 0.0

@@ -91,13 +91,20 @@ def test_data_parallel_baselines_never_give_a_rank_an_empty_batch():
     # Was: "adaptive_avg_pool2d(): Expected input to have non-zero size" (the local op, no columns).
     RuleCase(op="aten._adaptive_avg_pool2d.default", sample=0, sizes=(), shares=(0.0, 0.0, 0.0, 0.0, 1.0),
              strategy=5, seed=0),
+    # Was: "index_select(): self indexing axis dim should be positive" (vocab-parallel embedding,
+    # no vocabulary rows on a rank; found by the slow pass, fixed seed, case ~2000).
+    RuleCase(op="aten.embedding.default", sample=1, sizes=(), shares=(1.0, 0.0), strategy=23, seed=0),
+    # Was: "amax(): Expected reduction dim -1 to have non-zero size" (vocab-parallel cross-entropy,
+    # no classes on a rank; found by the slow pass, fixed seed).
+    RuleCase(op="aten.cross_entropy_loss.default", sample=0, sizes=(), shares=(0.0, 1.0), strategy=2, seed=0),
     # Was: the checker itself failed (an op without gradient, tied to its inputs on the empty rank).
     RuleCase(op="aten.full_like.default", sample=0, sizes=(), shares=(1.0, 0.0), strategy=1, seed=0),
 ])
 def test_ops_on_empty_pieces(case):
     """Fix: a plain op on a rank whose sharded pieces are empty computes zeros of its local
     output shape tied to its inputs (hapc.runtime.local_ops.empty_piece_result, executor and
-    emitted program); adaptive average pooling's local op does the same."""
+    emitted program); the local ops of adaptive average pooling, vocabulary-parallel embedding and
+    vocabulary-parallel cross-entropy handle a piece with no elements."""
     assert check_rule_case(case) is None
 
 
