@@ -179,9 +179,13 @@ def _profile_model_ops(args: argparse.Namespace) -> int:
     mf = load_model_file(args.model, parse_overrides(args.set))
     say(f"tracing {args.model}")
     graph = autocast_graph(_trace_model_file(mf, trace).graph, args.precision)
+    failed: list[str] = []
     table = profile_ops(graph, args.output, cluster.devices[0].type, device,
                         autocast=torch.bfloat16 if args.precision == "bf16" else None,
-                        allow_tf32=cluster.allow_tf32, say=say)
+                        allow_tf32=cluster.allow_tf32, failures=failed, say=say)
+    if failed:
+        print(f"hapc: warning: these ops did not run on {device_type} in {args.precision} (no kernel for it "
+              f"here?) and are priced by the roofline: {', '.join(sorted(failed))}", file=sys.stderr)
     from costmodel.optable import measured_share, table_path
 
     measured, total = measured_share(graph, table)
