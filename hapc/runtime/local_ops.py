@@ -49,7 +49,7 @@ class RankCtx:
     out_shapes: tuple[tuple[int, ...], ...]  # global output shapes
     seed: int = 0
     # Random ops draw from the counter-based hash (any piece equals the slice of the global
-    # draw, on any device); False only where one rank draws everything (see dropout_keep).
+    # draw, on any device); False only where one rank draws everything (see seeded_rng).
     exact_pieces: bool = True
 
 
@@ -226,8 +226,7 @@ def sdpa_dropout(ctx: RankCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                                                     scale=scale, enable_gqa=enable_gqa)
     q_info = ctx.inputs[0]
     shape = (*ctx.out_shapes[0][:-1], k.shape[-2])            # [B, H, Sq, Sk], global
-    piece = None if q_info is None else ShardInfo(q_info.dim, q_info.offset, q_info.length, q_info.global_length)
-    keep = dropout_keep(ctx.node, ctx.seed, shape, dropout_p, piece, q.device)
+    keep = dropout_keep(ctx.node, ctx.seed, shape, dropout_p, q_info, q.device)   # q's dims lead the weights'
     offset = q_info.offset if q_info is not None and q_info.dim == 2 else 0
     return attention_with_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, keep, offset)
 
