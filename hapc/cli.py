@@ -320,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                      help="where the programs run (auto: GPUs when the cluster's devices are GPUs and this "
                           "machine has one per rank of a node, else CPU ranks)")
+    cal.add_argument("--size", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                     help="run the plans for this model config too (repeatable; merged over --set): several "
+                          "sizes give a one-GPU cluster, where every plan is one program, enough runs to fit")
     cal.add_argument("--runs", default=None, metavar="RUNS.json",
                      help="add these measurements to earlier ones in RUNS.json and fit on all of them")
     cal.add_argument("--write", action="store_true", help="write the fitted values into the cluster file")
