@@ -83,6 +83,18 @@ class Plan:
 
         return summary_text(self)
 
+    def report(self) -> str:
+        """The plan as Markdown: time per iteration, speed-ups, devices, chart (inline PNG)."""
+        from hapc.notebook import plan_markdown
+
+        return plan_markdown(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: the same content as :meth:`report`, as HTML."""
+        from hapc.notebook import plan_html
+
+        return plan_html(self)
+
     def __repr__(self) -> str:
         return (f"Plan({self.name}: {self.cost * 1e3:.3f} ms/iter on {self.cluster.world} devices, "
                 f"lower bound {self.lower_bound * 1e3:.3f} ms)")

@@ -101,10 +101,10 @@ class Rank:
         info = self.piece_info(name)
         return full if info is None else full.narrow(info.dim, info.offset, info.length)
 
-    def frac(self, name: str) -> float:
-        """Local over global length of ``name``'s sharded dimension (for exact uneven means)."""
+    def rescale(self, value: Any, name: str) -> Any:
+        """A local mean over ``name``'s sharded dimension as its exact summand of the global one."""
         info = self.piece_info(name)
-        return 1.0 if info is None or info.global_length == 0 else info.length / info.global_length
+        return value if info is None else L.rescale_to_global(value, info.length, info.global_length)
 
     def ctx(self, node: str):
         """The RankCtx a local op of ``node`` gets on this rank."""
@@ -385,6 +385,44 @@ def verify(trainer: Trainer, loss: torch.Tensor, batch: Sequence[torch.Tensor]) 
     return bool(verdict[0].item())
 
 
+# ---- checkpoints (hapc_checkpoint.py): save under this plan, load under any -----------------
+
+def _checkpoints():
+    """hapc_checkpoint.py, loaded on first use (it imports torch.distributed.checkpoint)."""
+    return _load("hapc_checkpoint", "hapc_checkpoint.py")
+
+
+def checkpoint_tensors(trainer: Trainer) -> dict[str, Any]:
+    """Every parameter and buffer this rank holds, by module attribute, with where its piece
+    sits in the whole tensor (SHARDS), so a checkpoint can be loaded under another plan."""
+    K = _checkpoints()
+    out = {}
+    for name, target in (*PARAMS.items(), *BUFFERS.items()):
+        local, info = trainer.sources[name], trainer.rt.piece_info(name)
+        offsets, shape = [0] * local.dim(), list(local.shape)
+        if info is not None:
+            offsets[info.dim], shape[info.dim] = info.offset, info.global_length
+        out[target] = K.Held(local, tuple(offsets), tuple(shape))
+    return out
+
+
+def save_checkpoint(directory: str, trainer: Trainer, optimizer: torch.optim.Optimizer,
+                    data_position: int) -> Path:
+    """Save parameters, buffers, optimizer state, step and data position (every rank calls it)."""
+    K = _checkpoints()
+    return K.save(directory, checkpoint_tensors(trainer), trainer.module, optimizer, trainer.params,
+                  K.Progress(trainer.steps_done, data_position), model_file=MODEL_FILE,
+                  model_kwargs=trainer.kwargs, world=WORLD)
+
+
+def load_checkpoint(directory: str, trainer: Trainer, optimizer: torch.optim.Optimizer) -> int:
+    """Load a checkpoint saved by any plan of this model; returns the data position."""
+    K = _checkpoints()
+    progress = K.load(directory, checkpoint_tensors(trainer), trainer.module, optimizer, trainer.params)
+    trainer.steps_done = progress.step        # dropout masks and step numbers continue
+    return progress.data_position
+
+
 def report_peak_memory(rank: int, device: torch.device) -> None:
     """On GPUs, rank 0 prints every rank's torch.cuda.max_memory_allocated (bytes, in rank
     order), to hold against the plan's predicted peak: a memory model that under-predicts
@@ -405,10 +443,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="cpu (gloo) or cuda (NCCL, one GPU per local rank)")
     parser.add_argument("--verify", action="store_true",
                         help="compare the first step's loss and gradients with one device")
+    parser.add_argument("--save", metavar="DIR", default=None,
+                        help="save a checkpoint to DIR/step-N at the end (and every --save-every steps)")
+    parser.add_argument("--save-every", type=int, default=0, metavar="N", help="also save every N steps")
+    parser.add_argument("--load", metavar="DIR", default=None,
+                        help="resume from a checkpoint (DIR/latest or a step directory), saved by any plan")
+    parser.add_argument("--timings", action="store_true",
+                        help="print each rank's compute, communication and idle seconds per step")
     parser.add_argument("--tf32", choices=("on", "off"), default="on" if ALLOW_TF32 else "off",
                         help="float32 products on TF32 units (CUDA; default from the plan's cluster file: "
                              f"{'on' if ALLOW_TF32 else 'off'})")
     args = parser.parse_args(argv)
+    if args.load and args.verify:
+        parser.error("--verify compares with the initial weights; it cannot follow --load")
 
     if "WORLD_SIZE" not in os.environ and WORLD == 1:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
@@ -439,13 +486,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         optimizer = make_optimizer(list(trainer.params.values()))
         batch = tuple(_call_with(M.inputs, trainer.kwargs))
         ok, times = True, []
-        for i in range(args.steps):
+        first = 0
+        if args.load:
+            try:
+                first = load_checkpoint(args.load, trainer, optimizer)
+            except _checkpoints().CheckpointError as exc:
+                if trainer.rank == 0:
+                    print(f"program.py: --load: {exc}", file=sys.stderr, flush=True)
+                return 2
+            if trainer.rank == 0:
+                print(f"resumed from {args.load} at step {first}", flush=True)
+        clock = _load("hapc_timings", "hapc_timings.py").StepClock() if args.timings else None
+        if clock is not None:
+            clock.install()
+        for i in range(first, first + args.steps):
             synchronize()
+            if clock is not None:
+                clock.start()
             start = time.perf_counter()
             loss = trainer.step(batch)
             synchronize()
             seconds = time.perf_counter() - start
-            if args.verify and i == 0:
+            if args.verify and i == first:
                 ok = verify(trainer, loss, batch)
             synchronize()
             start = time.perf_counter()
@@ -456,8 +518,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             times.append(seconds)
             if trainer.rank == 0:
                 print(f"step {i + 1} loss {loss.item():.6f} time {seconds:.6f}", flush=True)
+            if clock is not None:
+                for line in _load("hapc_timings", "hapc_timings.py").report(i + 1, *clock.stop(), device):
+                    print(line, flush=True)
+            if args.save and (i + 1 == first + args.steps or (args.save_every and (i + 1) % args.save_every == 0)):
+                saved = save_checkpoint(args.save, trainer, optimizer, data_position=i + 1)
+                if trainer.rank == 0:
+                    print(f"saved {saved}", flush=True)
+        if clock is not None:
+            clock.uninstall()                     # main() may run inside a longer-lived process
         if trainer.rank == 0 and len(times) > 1:
-            print(f"median step time {statistics.median(times[1:]):.6f} s over steps 2..{len(times)}", flush=True)
+            print(f"median step time {statistics.median(times[1:]):.6f} s over steps "
+                  f"{first + 2}..{first + len(times)}", flush=True)
         report_peak_memory(trainer.rank, device)
         return 0 if ok else 1
     finally:

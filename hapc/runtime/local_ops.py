@@ -67,6 +67,46 @@ def node_seed(node: str, step_seed: int) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
+def rescale_to_global(value: torch.Tensor, length: int, global_length: int) -> torch.Tensor:
+    """A mean over this rank's ``length`` of ``global_length`` elements, as its exact share of
+    the global mean (a ``Partial`` summand): ``value * length / global_length``.
+
+    An empty piece (``length == 0``, as block coupling or a batch shorter than the device count
+    can give) contributes nothing; its local mean is NaN, and NaN times zero is still NaN, so
+    it is replaced by zeros that keep the value in the autograd graph (every rank then runs the
+    same backward).
+    """
+    if length == 0:
+        return value.nan_to_num(0.0, 0.0, 0.0) * 0.0
+    return value * (length / global_length)
+
+
+def empty_piece_result(inputs: Sequence[Any], shapes: Sequence[Sequence[int]],
+                       dtypes: Sequence[str]) -> tuple[torch.Tensor, ...]:
+    """What a rank computes for a plain op when its sharded pieces are empty: zeros of its
+    local output shapes (empty along a ``Shard`` output, the whole shape for a ``Partial`` one,
+    whose summand over no elements is zero).
+
+    Several ops reject empty tensors (a convolution with no output channels, a pool over no
+    channels), and every sharded dimension of one strategy is cut into the same blocks, so a
+    rank holding an empty piece of one holds empty pieces of all. The zeros are tied to the
+    float inputs so that every rank runs the same backward (its gradient hooks fire too).
+    """
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    floats = [x for x in tensors if x.is_floating_point()]
+    device = tensors[0].device if tensors else None
+    tie = sum((x.sum() * 0.0 for x in floats if x.requires_grad), torch.zeros((), device=device))
+    out = []
+    for shape, dtype in zip(shapes, dtypes):
+        kind = getattr(torch, dtype)
+        if kind.is_floating_point:      # the precision the program runs in, not the traced one
+            kind = floats[0].dtype if floats else kind
+            out.append(torch.zeros(tuple(shape), dtype=kind, device=device) + tie.to(kind))
+        else:
+            out.append(torch.zeros(tuple(shape), dtype=kind, device=device))
+    return tuple(out)
+
+
 def _local_shape(ctx: RankCtx, out: int = 0) -> list[int]:
     shape = list(ctx.out_shapes[out])
     info = ctx.outputs[out]
@@ -164,12 +204,16 @@ def dropout(ctx: RankCtx, x: torch.Tensor, p: float, train: bool | None = True) 
 
 @local_op
 def vocab_parallel_embedding(ctx: RankCtx, weight: torch.Tensor, ids: torch.Tensor,
-                             *rest: Any) -> torch.Tensor:
-    """Rows of a vocabulary shard; ids owned by other ranks give zeros (output is Partial)."""
+                             padding_idx: int = -1, *rest: Any, **kwargs: Any) -> torch.Tensor:
+    """Rows of a vocabulary shard; ids owned by other ranks give zeros (output is Partial).
+    The rank that owns ``padding_idx`` keeps that row's gradient at zero, as torch does."""
     info = ctx.inputs[0]
     local = ids - info.offset
     mine = (local >= 0) & (local < info.length)
-    out = torch.nn.functional.embedding(torch.where(mine, local, torch.zeros_like(local)), weight)
+    padding_idx = kwargs.get("padding_idx", padding_idx)
+    local_pad = padding_idx - info.offset if padding_idx is not None and padding_idx >= 0 else -1
+    out = torch.nn.functional.embedding(torch.where(mine, local, torch.zeros_like(local)), weight,
+                                        padding_idx=local_pad if 0 <= local_pad < info.length else None)
     return out * mine.unsqueeze(-1).to(out.dtype)
 
 
@@ -385,6 +429,8 @@ def adaptive_avg_pool_local(ctx: RankCtx, x: torch.Tensor, output_size: Any) -> 
     size = list(output_size)
     info = ctx.outputs[0]
     size[info.dim - (x.dim() - len(size))] = info.length
+    if info.length == 0:      # an empty piece, which the pool rejects: an empty result
+        return empty_piece_result([x], [_local_shape(ctx)], [str(x.dtype).removeprefix("torch.")])[0]
     pool = getattr(torch.nn.functional, f"adaptive_avg_pool{len(size)}d")
     return pool(x, size)
 
