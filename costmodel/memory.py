@@ -9,7 +9,8 @@ its own piece, a ``Replicate`` or ``Partial`` value its full size):
 * **optimizer state**, copies of each trainable parameter's local piece: AdamW/Adam keep
   two (first and second moments), SGD none, SGD with momentum one;
 * **activations kept for backward**: the user inputs plus every node output and every
-  redistributed copy that needs a gradient, at its local size. Views are skipped (they
+  redistributed copy that needs a gradient, at its local size (and, under bf16 autocast, the
+  low-precision copy of each weight a product casts). Views are skipped (they
   share their input's storage). This is the usual simple estimate: autograd saves inputs of
   most differentiable ops and these are mostly the outputs of the previous op; it ignores
   masks and statistics saved beside them (small) and values freed early (a slight over-count);
@@ -143,6 +144,7 @@ def program_memory(program: DistProgram, cluster: Cluster | None = None,
         add("activations_bytes", local_bytes(program, name, program.source_layouts.get(name, Replicate())))
 
     nodes = {n.name: n for n in graph.nodes}
+    cast_params: set[str] = set()
     for step in program.steps:
         if isinstance(step, Compute):
             node = nodes[step.node]
@@ -151,6 +153,7 @@ def program_memory(program: DistProgram, cluster: Cluster | None = None,
             for out, layout in zip(node.outputs, step.strategy.outputs):
                 if graph.values[out].requires_grad:
                     add("activations_bytes", local_bytes(program, out, layout))
+            _add_autocast_copies(program, node, step, cast_params, add)
         elif isinstance(step, Redistribute):
             _add_redistribute(program, step, mem, sums["activations_bytes"])
     for part, acc in sums.items():
@@ -161,6 +164,21 @@ def program_memory(program: DistProgram, cluster: Cluster | None = None,
     names = [d.type for d in cluster.devices] if cluster is not None else []
     label = optimizer if isinstance(optimizer, str) else f"{optimizer} copies"
     return MemoryReport(mem, capacity, label, names)
+
+
+def _add_autocast_copies(program: DistProgram, node, step: Compute, seen: set[str], add) -> None:
+    """A float32 weight feeding a bf16/fp16 product (a mixed-precision graph, see
+    :mod:`hapc.ir.precision`) is cast by autocast, and the low-precision copy lives until
+    backward: its local bytes at 2 per element, once per weight (autocast caches the cast)."""
+    graph = program.graph
+    out = graph.meta(node.outputs[0]).dtype if node.outputs else "float32"
+    if out not in ("bfloat16", "float16"):
+        return
+    for ref, layout in zip(node.input_refs(), step.strategy.inputs):
+        v = graph.values[ref]
+        if v.kind == "param" and v.meta.dtype == "float32" and ref not in seen:
+            seen.add(ref)
+            add("activations_bytes", [x / 2 for x in local_bytes(program, ref, layout)])
 
 
 def _add_redistribute(program: DistProgram, step: Redistribute, mem: list[DeviceMemory],

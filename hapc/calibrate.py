@@ -431,8 +431,12 @@ def calibrate(model_file: str, cluster_path: str, *, overrides: Mapping[str, Any
               plans: Sequence[str] = DEFAULT_PLANS, steps: int = 6, repeats: int = 1, affinity: str | None = None,
               knobs: Sequence[str] = GLOBAL_KNOBS, runs_path: str | None = None, write: bool = False,
               workdir: str | None = None, timeout_seconds: float = 300.0, device: str = "auto",
+              sizes: Sequence[Mapping[str, Any]] = (),
               say: Callable[[str], None] = lambda m: None) -> tuple[list[Run], Fit, list[str]]:
-    """Run, compare, fit (and write): the library form of ``hapc calibrate``."""
+    """Run, compare, fit (and write): the library form of ``hapc calibrate``.
+
+    ``sizes``: model configs (each merged over ``overrides``) to run in turn, so that one
+    device, where every plan is the same program, still gives the fit several runs."""
     cluster = load_cluster(cluster_path)
     device = run_device(device, cluster)
     plans = [p for p in plans if p != "none"]        # "none": refit the --runs file, run nothing
@@ -446,10 +450,12 @@ def calibrate(model_file: str, cluster_path: str, *, overrides: Mapping[str, Any
         if affinity:
             say(f"pinning ranks {affinity} as the cluster file was profiled")
     runs, notes = [], []
-    if plans:
-        runs, notes = run_plans(model_file, overrides or {}, cluster, plans, steps=steps, repeats=repeats,
-                                affinity=affinity, workdir=workdir, timeout_seconds=timeout_seconds,
-                                device=device, say=say)
+    for size in (list(sizes) or [{}]) if plans else []:
+        got, why = run_plans(model_file, {**(overrides or {}), **size}, cluster, plans, steps=steps,
+                             repeats=repeats, affinity=affinity, workdir=workdir, timeout_seconds=timeout_seconds,
+                             device=device, say=say)
+        runs += got
+        notes += why
     if runs_path:
         earlier = []
         if Path(runs_path).is_file():
@@ -507,6 +513,7 @@ def calibrate_cli(args: argparse.Namespace, say: Callable[[str], None]) -> int:
                                     steps=max(2, args.steps), repeats=max(1, args.repeats), affinity=args.affinity,
                                     knobs=parse_knobs(args.fit),
                                     runs_path=args.runs, write=args.write, workdir=args.workdir,
-                                    timeout_seconds=args.timeout, device=args.device, say=say)
+                                    timeout_seconds=args.timeout, device=args.device,
+                                    sizes=[parse_overrides(s.split(",")) for s in args.size], say=say)
     print(format_report(runs, result, notes))
     return 0

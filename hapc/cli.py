@@ -199,9 +199,13 @@ def _profile_model_ops(args: argparse.Namespace) -> int:
     mf = load_model_file(args.model, parse_overrides(args.set))
     say(f"tracing {args.model}")
     graph = autocast_graph(_trace_model_file(mf, trace).graph, args.precision)
+    failed: list[str] = []
     table = profile_ops(graph, args.output, cluster.devices[0].type, device,
                         autocast=torch.bfloat16 if args.precision == "bf16" else None,
-                        allow_tf32=cluster.allow_tf32, say=say)
+                        allow_tf32=cluster.allow_tf32, failures=failed, say=say)
+    if failed:
+        print(f"hapc: warning: these ops did not run on {device_type} in {args.precision} (no kernel for it "
+              f"here?) and are priced by the roofline: {', '.join(sorted(failed))}", file=sys.stderr)
     from costmodel.optable import measured_share, table_path
 
     measured, total = measured_share(graph, table)
@@ -407,6 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                      help="where the programs run (auto: GPUs when the cluster's devices are GPUs and this "
                           "machine has one per rank of a node, else CPU ranks)")
+    cal.add_argument("--size", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                     help="run the plans for this model config too (repeatable; merged over --set): several "
+                          "sizes give a one-GPU cluster, where every plan is one program, enough runs to fit")
     cal.add_argument("--runs", default=None, metavar="RUNS.json",
                      help="add these measurements to earlier ones in RUNS.json and fit on all of them")
     cal.add_argument("--write", action="store_true", help="write the fitted values into the cluster file")

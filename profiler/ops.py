@@ -38,11 +38,12 @@ def device_label(device: torch.device) -> str:
 
 def profile_ops(graph: Graph, cluster_file: str | Path, cluster_device: str, device: torch.device, *,
                 autocast: torch.dtype | None = None, allow_tf32: bool = False, min_seconds: float = 0.05,
-                say: Say = lambda m: None) -> OpTable:
+                failures: list[str] | None = None, say: Say = lambda m: None) -> OpTable:
     """Time ``graph``'s distinct op signatures on ``device``; merge them into the table beside
     ``cluster_file`` (made when missing, replaced when from another device or torch) and save it.
     On CUDA, float32 products run with TF32 as ``allow_tf32`` says (the cluster's setting, which
-    the emitted program applies)."""
+    the emitted program applies). Ops that cannot run at their whole size here (no kernel for
+    the dtype on this device) are appended to ``failures``; the roofline prices them."""
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = allow_tf32
     path = table_path(cluster_file)
@@ -62,6 +63,8 @@ def profile_ops(graph: Graph, cluster_file: str | Path, cluster_device: str, dev
                 points.append((fraction, *timed))
         if points:
             table.entries[key] = points
+        if (not points or points[0][0] != 1.0) and failures is not None and node.op not in failures:
+            failures.append(node.op)
         if (i + 1) % 10 == 0:
             say(f"{i + 1}/{len(todo)} signatures in {time.perf_counter() - started:.0f} s")
     table.device_name = device_label(device)
@@ -157,6 +160,8 @@ def _args(a: Any, tensors: dict[str, torch.Tensor], device: torch.device) -> Any
         return type(a)(_args(x, tensors, device) for x in a)
     if isinstance(a, str) and hasattr(torch, a) and isinstance(getattr(torch, a), torch.dtype):
         return getattr(torch, a)
+    if isinstance(a, str) and a.startswith("torch.") and hasattr(torch, a.removeprefix("torch.")):
+        return getattr(torch, a.removeprefix("torch."))      # torch.strided, torch.contiguous_format
     if isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda", "meta"):
         return device
     return a

@@ -43,12 +43,22 @@ def test_mask_keeps_one_minus_p_and_is_independent_across_nodes_and_steps():
     assert torch.equal(a, dropout_keep("n1", 0, shape, p))   # replayable
 
 
-def test_rank_alone_uses_the_device_generator_and_replays():
-    a = dropout_keep("n1", 0, SHAPE, 0.2, shared=False, device="cpu")
-    assert torch.equal(a, dropout_keep("n1", 0, SHAPE, 0.2, shared=False, device="cpu"))
-    assert not torch.equal(a, dropout_keep("n1", 0, SHAPE, 0.2))
-    with pytest.raises(ValueError):
-        dropout_keep("n1", 0, SHAPE, 0.2, ShardInfo(0, 0, 2, 6), shared=False)
+def test_rank_alone_runs_torch_dropout_under_the_node_seed_and_replays():
+    from hapc.runtime.local_ops import seeded_rng
+
+    x = torch.randn(SHAPE)
+    alone = RankCtx(0, 1, "n1", "aten.dropout.default", (None,), (None,), (SHAPE,), seed=3, exact_pieces=False)
+    got = dropout(alone, x, 0.2)
+    with seeded_rng("n1", 3, x.device):
+        assert torch.equal(got, torch.nn.functional.dropout(x, 0.2, True))   # what --verify replays
+    assert torch.equal(got, dropout(alone, x, 0.2))
+    assert not torch.equal(got, dropout(RankCtx(0, 1, "n1", "d", (None,), (None,), (SHAPE,), seed=4,
+                                                exact_pieces=False), x, 0.2))
+    torch.manual_seed(0)
+    before = torch.rand(3)
+    torch.manual_seed(0)
+    dropout(alone, x, 0.2)
+    assert torch.equal(torch.rand(3), before)      # the caller's generator is left as it was
 
 
 def test_local_dropout_scales_kept_elements_and_handles_edges():
@@ -92,14 +102,14 @@ def test_attention_written_out_is_sdpa_and_drops_the_given_weights():
 
 
 def test_one_rank_attention_dropout_replays_under_the_node_seed():
-    from hapc.runtime.local_ops import seeded_attention
+    from hapc.runtime.local_ops import seeded_rng
 
     q = torch.randn(2, 3, 6, 4, requires_grad=True)
     outs = []
     for _ in range(2):
-        with seeded_attention("attn", 4, q.device):
+        with seeded_rng("attn", 4, q.device):
             outs.append(torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.5))
     assert torch.equal(outs[0], outs[1])
-    with seeded_attention("attn", 5, q.device):
+    with seeded_rng("attn", 5, q.device):
         other = torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
     assert not torch.equal(outs[0], other)

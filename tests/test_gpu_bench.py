@@ -71,3 +71,16 @@ def test_quick_cpu_run_of_the_benchmark(tmp_path):
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith(("gpt-small", "mlp-small"))]
     assert len(rows) == 4 and all("of" in r for r in rows)
     assert (tmp_path / "out" / "cluster.ops.json").exists()              # the per-op table was used
+
+
+@pytest.mark.slow
+def test_calibrate_runs_several_sizes_on_one_device(tmp_path):
+    from hapc.calibrate import calibrate
+
+    cluster = tmp_path / "cpu1.yaml"
+    cluster.write_text("name: cpu1\nnodes:\n  - devices: [{type: cpu, count: 1}]\n")
+    small = {"layers": 3, "features": 20, "classes": 7, "batch": 5}
+    runs, result, _ = calibrate(str(ROOT / "configs" / "models" / "mlp.py"), str(cluster), overrides=small,
+                                plans=["dp-even"], steps=2, knobs=["compute"], device="auto",
+                                sizes=[{"hidden": 64}, {"hidden": 512}], runs_path=str(tmp_path / "runs.json"))
+    assert [r.kwargs["hidden"] for r in runs] == [64, 512] and len(result.measured) == 2

@@ -55,7 +55,15 @@ def test_bf16_plan_is_priced_at_the_bf16_peak_and_records_its_numerics(gpt, tmp_
     fp32 = baseline(traced, None, H100, "dp-even", model_file=str(GPT), model_kwargs=small)
     bf16 = baseline(traced, None, H100, "dp-even", model_file=str(GPT), model_kwargs=small, precision="bf16")
     assert bf16.cost < fp32.cost
-    assert bf16.memory[0] < fp32.memory[0]              # bf16 activations
+    d32, d16 = fp32.sim.memory.devices[0], bf16.sim.memory.devices[0]
+    for part in ("params_bytes", "grads_bytes", "optimizer_bytes"):   # fp32 master weights and state
+        assert getattr(d16, part) == getattr(d32, part)
+    graph = bf16.graph
+    cast = {r for n in graph.nodes if n.op == "aten.linear.default" for r in n.input_refs()
+            if graph.values[r].kind == "param"}
+    copies = sum(2 * graph.meta(r).numel for r in cast)           # autocast's bf16 weight copies
+    halved = d32.activations_bytes - d16.activations_bytes + copies
+    assert 0 < halved < d32.activations_bytes                     # bf16 activations, fp32 residual stream
     assert bf16.precision == Precision("bf16", True, "fp32")   # h100x8.yaml sets allow_tf32
     assert "bf16 autocast" in bf16.summary() and "TF32 on" in bf16.summary()
     bf16.save(tmp_path / "plan.json")

@@ -318,7 +318,10 @@ def _program_dropout_masks(step_seed: int):
         node = next(nodes, None)
         if node is None or not training or p == 0.0 or p >= 1.0:
             return original(x, p, training, inplace)
-        keep = L.dropout_keep(node, step_seed, x.shape, p, device=x.device, shared=WORLD > 1).to(x.dtype)
+        if WORLD == 1:                               # the program ran torch's kernel under this seed
+            with L.seeded_rng(node, step_seed, x.device):
+                return original(x, p, training, inplace)
+        keep = L.dropout_keep(node, step_seed, x.shape, p, device=x.device).to(x.dtype)
         return x * keep / (1.0 - p)
 
     # Attention dropout likewise: the k-th scaled_dot_product_attention call with dropout_p > 0
@@ -333,7 +336,7 @@ def _program_dropout_masks(step_seed: int):
         if node is None:
             return original_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
         if WORLD == 1:
-            with L.seeded_attention(node, step_seed, q.device):
+            with L.seeded_rng(node, step_seed, q.device):
                 return original_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
         keep = L.dropout_keep(node, step_seed, (*q.shape[:-1], k.shape[-2]), dropout_p, device=q.device)
         return L.attention_with_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, keep)

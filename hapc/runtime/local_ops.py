@@ -49,7 +49,7 @@ class RankCtx:
     out_shapes: tuple[tuple[int, ...], ...]  # global output shapes
     seed: int = 0
     # Random ops draw from the counter-based hash (any piece equals the slice of the global
-    # draw, on any device); False only where one rank draws everything (see dropout_keep).
+    # draw, on any device); False only where one rank draws everything (see seeded_rng).
     exact_pieces: bool = True
 
 
@@ -161,21 +161,12 @@ def global_indices(shape: Sequence[int], piece: ShardInfo | None = None,
 
 
 def dropout_keep(node: str, step_seed: int, shape: Sequence[int], p: float,
-                 piece: ShardInfo | None = None, device: torch.device | str | None = None,
-                 shared: bool = True) -> torch.Tensor:
+                 piece: ShardInfo | None = None, device: torch.device | str | None = None) -> torch.Tensor:
     """The keep-mask of dropout node ``node`` in the step seeded ``step_seed``: for the whole
-    (global) tensor of ``shape``, or for this rank's ``piece`` of it, drawn on ``device``.
-
-    ``shared`` (the program has several ranks): the counter-based hash above, so a piece is
-    bit-for-bit the slice of the global mask on any device. Alone (one rank draws the whole
-    tensor, nothing to agree with) torch's own generator of ``device`` draws it in one kernel,
-    as eager dropout does. Either way ``--verify`` replays the same call for the single-device
-    reference, so both sides drop the same elements."""
-    if not shared:
-        if piece is not None:
-            raise ValueError("a rank alone draws the whole tensor, not a piece")
-        gen = torch.Generator(device=device or "cpu").manual_seed(node_seed(node, step_seed))
-        return torch.rand([int(s) for s in shape], generator=gen, device=device) >= p
+    (global) tensor of ``shape``, or for this rank's ``piece`` of it, drawn on ``device`` with
+    the counter-based hash above, so a piece is bit-for-bit the slice of the global mask on any
+    device. ``--verify`` gives the single-device reference the global mask, so both sides drop
+    the same elements."""
     key = node_seed(node, step_seed)
     index = global_indices(shape, piece, device)
     h = _mix32(index.bitwise_and(_LOW32).bitwise_xor_(key & _LOW32))
@@ -183,15 +174,31 @@ def dropout_keep(node: str, step_seed: int, shape: Sequence[int], p: float,
     return h >= min(round(p * 2.0 ** 32), 2 ** 32)
 
 
+@contextlib.contextmanager
+def seeded_rng(node: str, step_seed: int, device: torch.device) -> Iterator[None]:
+    """Inside, the default generator of ``device`` starts from (node, step)'s seed; after, it is
+    as before. A rank alone (nothing to agree with) runs torch's own fused dropout and
+    attention-dropout kernels in here, as fast as eager, and ``--verify`` replays the same call
+    under the same seed on the same device to draw the same mask (a fused kernel's backward
+    regenerates it from the state saved at the forward)."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(node_seed(node, step_seed))
+        yield
+
+
 @local_op
 def dropout(ctx: RankCtx, x: torch.Tensor, p: float, train: bool | None = True) -> torch.Tensor:
     """Dropout whose mask is drawn for this rank's piece only, on its own device, from a seed
-    all ranks share: a sharded program drops exactly what one device would."""
+    all ranks share: a sharded program drops exactly what one device would. A rank alone runs
+    torch's own dropout under the node's seed (see :func:`seeded_rng`)."""
     if not train or p == 0.0:
         return x
     if p >= 1.0:
         return x * 0.0
-    keep = dropout_keep(ctx.node, ctx.seed, ctx.out_shapes[0], p, ctx.outputs[0], x.device, ctx.exact_pieces)
+    if not ctx.exact_pieces:
+        with seeded_rng(ctx.node, ctx.seed, x.device):
+            return torch.nn.functional.dropout(x, p, True)
+    keep = dropout_keep(ctx.node, ctx.seed, ctx.out_shapes[0], p, ctx.outputs[0], x.device)
     return x * keep.to(x.dtype).mul_(1.0 / (1.0 - p))
 
 
@@ -259,27 +266,16 @@ def sdpa_dropout(ctx: RankCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     weights ``[B, H, Sq, Sk]`` is cut along the dim the queries are sharded on (batch, heads
     or queries; all three line up with the weights), or whole for replicated queries.
     One rank alone runs torch's own kernel, its generator seeded per (step, node) so that
-    ``--verify`` replays it (see ``seeded_attention``)."""
+    ``--verify`` replays it (see :func:`seeded_rng`)."""
     if not ctx.exact_pieces:
-        with seeded_attention(ctx.node, ctx.seed, q.device):
+        with seeded_rng(ctx.node, ctx.seed, q.device):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal,
                                                                     scale=scale, enable_gqa=enable_gqa)
     q_info = ctx.inputs[0]
     shape = (*ctx.out_shapes[0][:-1], k.shape[-2])            # [B, H, Sq, Sk], global
-    piece = None if q_info is None else ShardInfo(q_info.dim, q_info.offset, q_info.length, q_info.global_length)
-    keep = dropout_keep(ctx.node, ctx.seed, shape, dropout_p, piece, q.device)
+    keep = dropout_keep(ctx.node, ctx.seed, shape, dropout_p, q_info, q.device)   # q's dims lead the weights'
     offset = q_info.offset if q_info is not None and q_info.dim == 2 else 0
     return attention_with_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, keep, offset)
-
-
-@contextlib.contextmanager
-def seeded_attention(node: str, step_seed: int, device: torch.device) -> Iterator[None]:
-    """The device's default generator starts from (node, step)'s seed inside, and is restored
-    after: torch's fused attention-dropout kernel then draws the same mask every time it gets
-    the same call on the same device (its backward regenerates it from the saved state)."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(node_seed(node, step_seed))
-        yield
 
 
 @local_op
