@@ -187,3 +187,18 @@ def _piece_lengths(length: int, shares: tuple[float, ...], n_blocks: int) -> tup
     """:func:`shard_lengths`, remembered: the simulator and memory model ask for the same few
     (length, shares) pairs thousands of times per program."""
     return tuple(shard_lengths(length, shares, n_blocks))
+
+
+def empty_ranks(program: DistProgram, step: Compute) -> list[int]:
+    """Ranks whose pieces of this plain-op step are empty (every sharded dimension of a strategy
+    is cut into the same blocks, so one empty piece means all are), when the op's results are
+    all pieces or summands; such a rank computes zeros (``hapc.runtime.local_ops.empty_piece_result``)."""
+    strat = step.strategy
+    if strat.local is not None or any(isinstance(o, Replicate) for o in strat.outputs) \
+            or any(isinstance(x, Partial) for x in strat.inputs):   # a summand (a bias) still adds in
+        return []
+    sharded = [(v, lay.dim) for v, lay in zip(step.inputs, strat.inputs) if isinstance(lay, Shard)]
+    if not sharded:
+        return []
+    lengths = program.lengths(*sharded[0])
+    return [r for r, n in enumerate(lengths) if n == 0]
