@@ -183,8 +183,9 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
     cache: dict[tuple, ComputeTime] = {}
     backward_times: dict[int, list[float]] = {}
 
-    # Ranks with equal capabilities compute alike: one key per rank, made once.
-    device_keys = [(tuple(d.peak_flops.values()), d.hbm_bandwidth_Bps) for d in cluster.devices]
+    # Ranks with equal capabilities (and measured op table, which goes by type) compute alike:
+    # one key per rank, made once.
+    device_keys = [(d.type, tuple(d.peak_flops.values()), d.hbm_bandwidth_Bps) for d in cluster.devices]
 
     def times(step: Compute) -> list[ComputeTime]:
         node = nodes[step.node]

@@ -5,10 +5,12 @@ chooses a strategy for node ``i + 1`` and pays its compute plus every layout cha
 inputs need (see :mod:`synth.costs`). States reached twice are merged (only the cheaper
 survives), so the frontier stays small.
 
-**Heuristic.** ``h(i)`` is the sum over the remaining nodes of each node's work spread over
-the whole cluster in proportion to speed: no strategy does better, and every move pays at
-least its node's share of it, so ``h`` is admissible and consistent and A* pops states in
-order of their *excess* over the lower bound.
+**Heuristic.** The floor of a state before node ``i`` is the sum over the segment's remaining
+nodes of each one's cheapest strategy price. That ignores communication, which is most of
+what separates plans, so each live value also gets a relaxed problem solved exactly: the rest
+of the segment with only that value's layouts tracked (every other input free in any
+layout). The heuristic is the largest of these; each is a lower bound and consistent, so A*
+stays exact and pops states in order of their *excess* over it (see :class:`_ValueBound`).
 
 **Segments.** The graph is cut where few activations are live (see :mod:`synth.space`).
 Each distinct segment is solved once per entry state: A* runs until it has settled every

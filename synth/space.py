@@ -61,8 +61,8 @@ class SearchSpace:
     param_uses: dict[str, int] = field(default_factory=dict)
     allow_replicated_params: bool = True
     live: list[list[str]] = field(default_factory=list)
-    # Segments whose exact search ran out of states before, under any prices: every search
-    # of the same graph finishes them with a beam at once instead of spending the budget again.
+    # Segments whose exact search ran out of states before on this cluster (under any shares):
+    # every search of the same graph there beams them at once instead of spending the budget.
     hard_segments: set[str] = field(default_factory=set)
 
     @staticmethod
@@ -90,7 +90,7 @@ class SearchSpace:
             shape.segments = _segments(space)
         space.live = shape.live
         space.segments = list(shape.segments)
-        space.hard_segments = shape.hard_segments
+        space.hard_segments = shape.hard_segments_on(prices.cluster)
         return space
 
     @property
@@ -118,7 +118,14 @@ class _GraphShape:
     segments: list[Segment] = field(default_factory=list)
     _strategies: dict[tuple, list[Strategy]] = field(default_factory=dict)
     _index: dict[str, int] | None = None
-    hard_segments: set[str] = field(default_factory=set)
+    # Per cluster (by identity): the segments that ran out of states under its prices.
+    _hard: dict[int, tuple[Any, set[str]]] = field(default_factory=dict)
+
+    def hard_segments_on(self, cluster: Any) -> set[str]:
+        entry = self._hard.get(id(cluster))
+        if entry is None or entry[0] is not cluster:
+            entry = self._hard[id(cluster)] = (cluster, set())
+        return entry[1]
 
     def index_of(self, node: Node) -> int:
         if self._index is None:

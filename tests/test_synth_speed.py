@@ -22,7 +22,10 @@ def _traced(model, *inputs):
     return hapc.trace(model, inputs)
 
 
-def _build(graph, cluster=THREE_UNEVEN, shares=None, **kw):
+_CLUSTER = load_cluster(THREE_UNEVEN)
+
+
+def _build(graph, cluster=_CLUSTER, shares=None, **kw):
     cl = load_cluster(cluster)
     return SearchSpace.build(graph, Prices(graph, cl, shares or cl.flops_shares()), **kw)
 
@@ -72,9 +75,11 @@ def test_segments_that_run_out_of_states_are_beamed_in_later_searches_of_the_gra
     first.segment_budget = 0
     assert not first.run().exact
     later = _build(graph)
-    assert later.hard_segments                     # remembered for the graph
+    assert later.hard_segments                     # remembered for the graph on this cluster
     result = search(later)
     assert not result.exact and result.cost_seconds > 0
+    elsewhere = _build(graph, cluster=load_cluster(THREE_UNEVEN))    # another cluster object
+    assert not elsewhere.hard_segments and search(elsewhere).exact
 
 
 def test_running_out_of_time_is_not_remembered():
