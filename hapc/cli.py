@@ -56,13 +56,14 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         print(f"hapc: warning: no sharding rule, these run replicated: {ops}", file=sys.stderr)
     say(f"{len(traced.graph.nodes)} nodes traced in {traced.seconds:.1f} s; searching")
     plan = synthesize(traced, None, cluster, time_budget=args.time_budget, optimizer=args.optimizer,
-                      model_file=str(Path(args.model).resolve()), model_kwargs=overrides, progress=say)
+                      model_file=str(Path(args.model).resolve()), model_kwargs=overrides, progress=say,
+                      stages=_stages_arg(args.stages), microbatches=args.microbatches, schedule=args.schedule)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     plan.save(out / "plan.json")
     write_report(plan, out)
     emitted = ""
-    if not args.no_emit:
+    if not args.no_emit and plan.pipeline is None:
         try:
             emitted = str(plan.emit(out, constants=traced.constants))
         except ImportError:
@@ -71,8 +72,25 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     wrote = ["plan.json", "report.md"] + (["program.py"] if emitted else [])
     print(f"wrote {', '.join(str(out / w) for w in wrote)} in {time.perf_counter() - started:.1f} s")
     if emitted:
-        print(f"run it: torchrun --nproc_per_node={cluster.world} {out / 'program.py'} --device cpu --verify")
+        from hapc.launch import launch_lines
+
+        lines = launch_lines(cluster, str(out / "program.py"))
+        print("run it: " + lines[0] if len(lines) == 1 else "run it, one line per node (NODE0_ADDRESS: node 0's "
+              "address; every node may also be this host):\n  " + "\n  ".join(lines))
+    elif plan.pipeline is not None and not args.no_emit:
+        print(f"note: program.py not written: this plan has {len(plan.pipeline.stages)} pipeline stages and hapc "
+              "cannot emit pipelined programs yet (compile without --stages for a one-stage program)")
     return 0
+
+
+def _stages_arg(value: str | None) -> int | str | None:
+    """``--stages auto`` or a positive count (validated by the planner, which names the number)."""
+    if value is None or value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"--stages {value}: expected a number of pipeline stages or 'auto'") from None
 
 
 def _trace_model_file(mf, trace):
@@ -177,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="stop the search after this long and keep the best plan found (with its gap)")
     comp.add_argument("--optimizer", default="adamw", help="optimizer whose state memory to plan for")
     comp.add_argument("--no-emit", action="store_true", help="write the plan and report only")
+    comp.add_argument("--stages", default=None, metavar="N|auto",
+                      help="also search pipeline stages on device groups ('auto'), or force N stages")
+    comp.add_argument("--microbatches", type=int, default=None, metavar="M",
+                      help="pipeline micro-batches per iteration (default: searched)")
+    comp.add_argument("--schedule", default=None, choices=("1f1b", "gpipe"),
+                      help="pipeline schedule (default: searched; 1f1b unless GPipe fits and is faster)")
     comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     comp.set_defaults(func=_cmd_compile)
 

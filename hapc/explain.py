@@ -54,4 +54,7 @@ def explain(plan: Plan, limit: int | None = None) -> str:
                      f"{sim.exposed_grad_sync_seconds * ms:.3f} ms not hidden behind backward")
     lines.append("-" * 100)
     lines.append(sim.table())
+    from hapc.pipeline_report import pipeline_lines
+
+    lines += pipeline_lines(plan)
     return "\n".join(lines)

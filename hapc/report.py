@@ -24,6 +24,9 @@ def summary_text(plan: Plan) -> str:
         parts = [f"{k} {v * ms:.3f} ms ({v / plan.cost:.2f}x)" for k, v in sorted(plan.baselines.items())]
         lines.append("baselines (speed-up of this plan): " + ", ".join(parts))
     lines.append(sim.table())
+    from hapc.pipeline_report import pipeline_lines
+
+    lines += pipeline_lines(plan)
     if plan.search:
         s = plan.search
         lines.append(f"search: {'optimal under the search cost model' if s.get('exact') else 'time budget hit'}"

@@ -1,0 +1,55 @@
+"""How a pipelined plan reads: its stages, their layers, groups, micro-batches and bubble.
+
+Shared by the summary ``hapc compile`` prints, ``hapc explain`` and ``report.md``, so all
+three name the same things the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hapc.plan import Plan
+
+
+def _source_span(plan: Plan, first: int, stop: int) -> str:
+    """First and last user source line among the stage's nodes (``gpt.py:41 .. gpt.py:88``)."""
+    located = [n.source for n in plan.graph.nodes[first:stop] if n.source is not None]
+    if not located:
+        return "-"
+    a, b = located[0], located[-1]
+    return f"{os.path.basename(a.file)}:{a.line} .. {os.path.basename(b.file)}:{b.line}"
+
+
+def _group_text(plan: Plan, ranks: tuple[int, ...]) -> str:
+    devices = [plan.cluster.devices[r] for r in ranks]
+    nodes = sorted({d.node for d in devices})
+    types = sorted({d.type for d in devices})
+    where = f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {nodes[0]}-{nodes[-1]}"
+    return f"ranks {ranks[0]}-{ranks[-1]} ({len(ranks)}x {'/'.join(types)}, {where})" if len(ranks) > 1 \
+        else f"rank {ranks[0]} ({types[0]}, {where})"
+
+
+def pipeline_lines(plan: Plan) -> list[str]:
+    """The stage table; empty for a plan that is not pipelined."""
+    pipe = plan.pipeline
+    if pipe is None:
+        return []
+    ms = 1e3
+    cost = pipe.cost
+    used = {r for st in pipe.stages for r in st.ranks}
+    lines = [f"pipeline: {len(pipe.stages)} stages, {pipe.microbatches} micro-batches, {pipe.schedule} schedule, "
+             f"bubble {cost.bubble_fraction * 100:.1f}% of {cost.pipeline_seconds * ms:.3f} ms "
+             f"(one stage over all devices: {plan.sim.iteration_seconds * ms:.3f} ms)"]
+    if len(used) < plan.cluster.world:
+        idle = sorted(set(range(plan.cluster.world)) - used)
+        lines.append(f"  devices left idle (the pipeline is faster without them): ranks {idle}")
+    lines.append(f"  {'stage':>5} {'nodes':>11} {'source lines':<28} {'group':<40} {'fwd+bwd ms/mb':>13} "
+                 f"{'in flight':>9} {'memory GB':>9}")
+    for k, (st, mem, inflight) in enumerate(zip(pipe.stages, cost.stage_memory_bytes, cost.inflight)):
+        step = (st.cost.fwd_seconds + st.cost.bwd_seconds) * ms if st.cost else 0.0
+        lines.append(f"  {k:>5} {f'{st.first_node}-{st.stop_node - 1}':>11} "
+                     f"{_source_span(plan, st.first_node, st.stop_node):<28} {_group_text(plan, st.ranks):<40} "
+                     f"{step:13.3f} {inflight:>9} {max(mem) / 1e9:9.3f}")
+    return lines
