@@ -53,6 +53,8 @@ def synthesize(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] |
 
     traced = _traced(model, inputs)
     cl = load_cluster(cluster)
+    if stages is not None:
+        _check_stage_options(traced, stages, microbatches, schedule)      # before any search
     result = synthesize_program(traced.graph, cl, time_budget=time_budget, optimizer=optimizer,
                                 backend=backend, progress=progress)
     best = result.best
@@ -71,18 +73,28 @@ def synthesize(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] |
                 _model_info(model_file, model_kwargs, optimizer), pipeline)
 
 
+def _check_stage_options(traced: Traced, stages: int | str, microbatches: int | None,
+                         schedule: str | None) -> None:
+    """One-line errors for stage options that cannot work, each naming the number."""
+    from hapc.errors import UserError
+    from synth.stages import SCHEDULES, batch_size
+
+    if stages != "auto" and (isinstance(stages, bool) or not isinstance(stages, int) or stages < 1):
+        raise UserError(f"--stages {stages}: expected a positive number of stages or 'auto'")
+    if microbatches is not None and microbatches < 1:
+        raise UserError(f"--microbatches {microbatches}: expected a positive number")
+    if microbatches is not None and microbatches > batch_size(traced.graph):
+        raise UserError(f"--microbatches {microbatches} is more than the batch of {batch_size(traced.graph)} samples")
+    if schedule is not None and schedule not in SCHEDULES:
+        raise UserError(f"--schedule {schedule}: expected one of {', '.join(SCHEDULES)}")
+
+
 def _pipeline(traced: Traced, cluster: Cluster, stages: int | str, microbatches: int | None,
               schedule: str | None, optimizer: str, baselines: dict[str, float], progress):
     """The best pipeline (None if none fits) and, as a side effect, the pipeline-even baseline."""
     from hapc.errors import UserError
-    from synth.stages import SCHEDULES, StagePlanner, pipeline_even
+    from synth.stages import StagePlanner, pipeline_even
 
-    if stages != "auto" and (not isinstance(stages, int) or stages < 1):
-        raise UserError(f"--stages {stages}: expected a positive number of stages or 'auto'")
-    if microbatches is not None and microbatches < 1:
-        raise UserError(f"--microbatches {microbatches}: expected a positive number")
-    if schedule is not None and schedule not in SCHEDULES:
-        raise UserError(f"--schedule {schedule}: expected one of {', '.join(SCHEDULES)}")
     planner = StagePlanner(traced.graph, cluster, optimizer=optimizer, progress=progress)
     even = pipeline_even(planner)
     if even is not None:

@@ -114,7 +114,7 @@ class StagePlanner:
         self._matrices: dict[tuple[str, int], dict[str, np.ndarray]] = {}
         self.fwd_bytes, self.bwd_bytes = boundary_bytes(graph)
         self.cuts = cut_candidates(graph, self.fwd_bytes)
-        self.batch = _batch_size(graph)
+        self.batch = batch_size(graph)
         self.group_syntheses = 0
 
     # ---- groups ------------------------------------------------------------------------------
@@ -494,6 +494,7 @@ def cut_candidates(graph: Graph, live_bytes: np.ndarray) -> list[int]:
     return [0] + dedup + [n]
 
 
-def _batch_size(graph: Graph) -> int:
+def batch_size(graph: Graph) -> int:
+    """Samples in one global batch: the largest leading dimension of the model inputs."""
     sizes = [graph.meta(x).shape[0] for x in graph.inputs if graph.meta(x).shape]
     return max(sizes) if sizes else 1
