@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 
 
 def explain(plan: Plan, limit: int | None = None) -> str:
+    if plan.pipeline is not None:
+        from hapc.pipeline_report import explain_pipeline
+
+        return explain_pipeline(plan, limit)
     sim = plan.sim
     spent: dict[tuple[str, str], float] = defaultdict(float)
     variant: dict[str, str] = {}
@@ -54,7 +58,4 @@ def explain(plan: Plan, limit: int | None = None) -> str:
                      f"{sim.exposed_grad_sync_seconds * ms:.3f} ms not hidden behind backward")
     lines.append("-" * 100)
     lines.append(sim.table())
-    from hapc.pipeline_report import pipeline_lines
-
-    lines += pipeline_lines(plan)
     return "\n".join(lines)

@@ -53,3 +53,45 @@ def pipeline_lines(plan: Plan) -> list[str]:
                      f"{_source_span(plan, st.first_node, st.stop_node):<28} {_group_text(plan, st.ranks):<40} "
                      f"{step:13.3f} {inflight:>9} {max(mem) / 1e9:9.3f}")
     return lines
+
+
+def explain_pipeline(plan: Plan, limit: int | None = None) -> str:
+    """``hapc explain`` for a pipelined plan: the stage table, then each stage's steps (its
+    group's program over the stage's nodes) with per-micro-batch times on the slowest rank."""
+    from costmodel.groups import sub_cluster
+    from costmodel.pipeline import ProgramPricer
+    from hapc.ir.program import Redistribute
+
+    pipe = plan.pipeline
+    assert pipe is not None
+    ms = 1e3
+    lines = [repr(plan), *pipeline_lines(plan)]
+    index = {n.name: i for i, n in enumerate(plan.graph.nodes)}
+    shown = 0
+    for k, st in enumerate(pipe.stages):
+        group = sub_cluster(plan.cluster, st.ranks)
+        prof = ProgramPricer(st.program, group, plan.model.get("optimizer", "adamw")).profile(pipe.microbatches)
+        shares = " / ".join(f"{s:.3f}" for s in st.program.shares)
+        lines += ["-" * 100, f"stage {k}: nodes {st.first_node}-{st.stop_node - 1} on {_group_text(plan, st.ranks)}, "
+                  f"shares {shares}", f"{'step':<44} {'fwd ms/mb':>9} {'bwd ms/mb':>9}  layouts / collective"]
+        pending: list[str] = []
+        for step in st.program.steps:
+            if isinstance(step, Redistribute):
+                pending.append(f"  {'-> ' + step.out:<42} {'':>9} {'':>9}  {step.src_layout!r} -> {step.dst_layout!r}")
+                continue
+            i = index[step.node]
+            if not st.first_node <= i < st.stop_node:
+                pending = []
+                continue
+            if limit is not None and shown >= limit:
+                lines.append("... more steps (raise --limit)")
+                return "\n".join(lines)
+            node = plan.graph.nodes[i]
+            fwd, bwd = prof.range_seconds(i, i + 1)
+            src = f"  @ {os.path.basename(node.source.file)}:{node.source.line}" if node.source else ""
+            lines += pending
+            lines.append(f"{node.name + ' = ' + node.op.removeprefix('aten.'):<44} {fwd * ms:9.3f} {bwd * ms:9.3f}  "
+                         f"{step.strategy!r}{src}")
+            pending = []
+            shown += 1
+    return "\n".join(lines)

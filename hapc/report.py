@@ -23,9 +23,11 @@ def summary_text(plan: Plan) -> str:
     if plan.baselines:
         parts = [f"{k} {v * ms:.3f} ms ({v / plan.cost:.2f}x)" for k, v in sorted(plan.baselines.items())]
         lines.append("baselines (speed-up of this plan): " + ", ".join(parts))
-    lines.append(sim.table())
     from hapc.pipeline_report import pipeline_lines
 
+    if plan.pipeline is not None:
+        lines.append("the best one-stage plan over all devices, for comparison:")
+    lines.append(sim.table())
     lines += pipeline_lines(plan)
     if plan.search:
         s = plan.search

@@ -267,3 +267,20 @@ def test_two_launchers_shaped_as_the_clusters_nodes_verify(gpt4, load_model, tmp
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert "verify: ok" in outs[0]
+
+
+def test_explain_walks_each_stage_with_its_group_and_source_lines(two_node_plan, tmp_path):
+    from hapc.explain import explain
+    from hapc.plan import Plan
+
+    two_node_plan.save(tmp_path / "plan.json")
+    text = explain(Plan.load(tmp_path / "plan.json"))
+    assert text.count("\nstage ") == len(two_node_plan.stages)
+    assert "fwd ms/mb" in text and "gpt.py:" in text and "bubble" in text
+    for st in two_node_plan.stages:
+        assert f"nodes {st.first_node}-{st.stop_node - 1} on rank" in text
+
+
+def test_pipelined_plan_refuses_to_emit_in_one_line(two_node_plan, tmp_path):
+    with pytest.raises(UserError, match="pipeline stages"):
+        two_node_plan.emit(tmp_path)
