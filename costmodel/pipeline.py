@@ -18,7 +18,7 @@ Gradient all-reduces and the optimizer run once per iteration.
 **The schedule.** Stages ``s = 0..S-1`` take ``w_s = f_s + b_s`` per micro-batch; between
 stage ``k-1`` and ``k`` the boundary activations go forward and their gradients back over the
 link between the groups (``x_k``, a point-to-point send, treated as a pipeline stage of its
-own). With ``m`` micro-batches:
+own; the part compute cannot hide, ``1 - comm_overlap``, is added to both stages' steps). With ``m`` micro-batches:
 
     1F1B:  T_pipe = sum(w) + sum(x) + (m - 1) * max(w ∪ x)
     GPipe: T_pipe = sum(f) + sum(x_f) + (m - 1) * max(f ∪ x_f) + the same for backward
@@ -318,10 +318,14 @@ def schedule_cost(stages: Sequence[StageCost], microbatches: int, schedule: str 
         raise ValueError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
     m = max(1, microbatches)
     s_count = len(stages)
-    f = [s.fwd_seconds for s in stages]
-    b = [s.bwd_seconds for s in stages]
     xf = [s.send_fwd_seconds for s in stages[:-1]]
     xb = [s.send_bwd_seconds for s in stages[:-1]]
+    # What compute cannot hide of a send (gloo on the cores that compute) delays both ends.
+    blocked = 1.0 - comm_overlap
+    f = [s.fwd_seconds + blocked * ((xf[k] if k < s_count - 1 else 0.0) + (xf[k - 1] if k else 0.0))
+         for k, s in enumerate(stages)]
+    b = [s.bwd_seconds + blocked * ((xb[k] if k < s_count - 1 else 0.0) + (xb[k - 1] if k else 0.0))
+         for k, s in enumerate(stages)]
     if schedule == "1f1b":
         steps = [fi + bi for fi, bi in zip(f, b)] + [a + c for a, c in zip(xf, xb)]
         pipe = sum(steps) + (m - 1) * max(steps)
@@ -333,7 +337,7 @@ def schedule_cost(stages: Sequence[StageCost], microbatches: int, schedule: str 
         hidden = min(st.grad_sync_seconds, st.bwd_seconds) * comm_overlap
         ends.append(pipe - drained + (st.grad_sync_seconds - hidden) + st.tail_seconds)
         if k < s_count - 1:
-            drained += st.bwd_seconds + xb[k]
+            drained += b[k] + xb[k]
     busy = m * sum(fi + bi for fi, bi in zip(f, b))
     bubble = max(0.0, 1.0 - busy / (s_count * pipe)) if pipe > 0 else 0.0
     inflight = tuple(inflight_microbatches(schedule, s_count, m, k) for k in range(s_count))

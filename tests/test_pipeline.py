@@ -284,3 +284,11 @@ def test_explain_walks_each_stage_with_its_group_and_source_lines(two_node_plan,
 def test_pipelined_plan_refuses_to_emit_in_one_line(two_node_plan, tmp_path):
     with pytest.raises(UserError, match="pipeline stages"):
         two_node_plan.emit(tmp_path)
+
+
+def test_sends_block_both_stages_where_communication_cannot_overlap():
+    stages = [_stage(1.0, 1.0, x=0.5), _stage(1.0, 1.0)]
+    hidden = schedule_cost(stages, 4, comm_overlap=1.0)
+    blocking = schedule_cost(stages, 4, comm_overlap=0.0)
+    # each stage waits for its 0.5 s send and 0.5 s receive: every step grows by 1 s, the max too
+    assert blocking.pipeline_seconds == pytest.approx(hidden.pipeline_seconds + 2 * 1.0 + 3 * 1.0)
