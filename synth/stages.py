@@ -277,6 +277,7 @@ class StagePlanner:
         if microbatches is not None and microbatches > self.batch:
             raise UserError(f"--microbatches {microbatches} is more than the batch of {self.batch} samples")
         best: Pipeline | None = None
+        best_at: tuple = ()
         explored = 0
         for nodes in self.device_orders():
             positions, starts = self.groups_of(nodes)
@@ -288,21 +289,38 @@ class StagePlanner:
             for m in counts:
                 for cand in self._dp(positions, starts, m, stages):
                     explored += 1
-                    for sched in ([schedule] if schedule else SCHEDULES):
-                        pipe = self._price(cand, m, sched)
-                        if pipe is None:
-                            continue
-                        if stages is None and len(pipe.stages) < 2:
-                            continue
-                        if best is None or pipe.iteration_seconds < best.iteration_seconds * (1 - 1e-9):
-                            best = pipe
+                    pipe = self._best_schedule(cand, m, schedule, stages)
+                    if pipe is not None and (best is None or pipe.iteration_seconds < best.iteration_seconds * (1 - 1e-9)):
+                        best, best_at = pipe, (positions, starts)
         if best is not None:
+            # Refine: sweep caps finely just under the winner's slowest step (a better-balanced
+            # split often hides between two of the coarse caps).
+            worst = max(max((st.cost.fwd_seconds + st.cost.bwd_seconds) for st in best.stages),
+                        max(st.cost.send_fwd_seconds + st.cost.send_bwd_seconds for st in best.stages))
+            caps = list(worst * np.linspace(0.5, 1.0, CAPS))
+            for cand in self._dp(*best_at, best.microbatches, stages, caps=caps):
+                explored += 1
+                pipe = self._best_schedule(cand, best.microbatches, schedule, stages)
+                if pipe is not None and pipe.iteration_seconds < best.iteration_seconds * (1 - 1e-9):
+                    best = pipe
             best.search = {"group_syntheses": self.group_syntheses, "candidates_priced": explored,
-                           "cut_candidates": len(self.cuts) - 2, "seconds": time.perf_counter() - started}
+                           "cut_candidates": len(self.cuts) - 2, "exact": False,
+                           "seconds": time.perf_counter() - started}
+        return best
+
+    def _best_schedule(self, cand: list[tuple[_Group, int, int]], m: int, schedule: str | None,
+                       stages: int | None) -> Pipeline | None:
+        best = None
+        for sched in ([schedule] if schedule else SCHEDULES):
+            pipe = self._price(cand, m, sched)
+            if pipe is None or (stages is None and len(pipe.stages) < 2):
+                continue
+            if best is None or pipe.iteration_seconds < best.iteration_seconds * (1 - 1e-9):
+                best = pipe
         return best
 
     def _dp(self, positions: list[int], starts: dict[int, list[_Group]], m: int,
-            forced_stages: int | None) -> list[list[tuple[_Group, int, int]]]:
+            forced_stages: int | None, caps: Sequence[float] | None = None) -> list[list[tuple[_Group, int, int]]]:
         """Stage lists ``[(group, first cut, stop cut), ...]``: one DP optimum per step cap."""
         cuts_n = len(self.cuts)
         pos_index = {p: i for i, p in enumerate(positions)}
@@ -323,9 +341,11 @@ class StagePlanner:
                     xb = np.array([send_seconds(link, b / m) for b in self.bwd_bytes[self.cuts]])
                     links[key] = xf + xb
                 mats[a].append((g, mat, links[key]))
-        steps = np.concatenate([mat["step"][np.isfinite(mat["step"])].ravel()
-                                for gs in mats.values() for _, mat, _ in gs])
-        caps = np.array(sorted(set(np.quantile(steps, np.linspace(0.0, 1.0, CAPS)).tolist())) + [np.inf])
+        if caps is None:
+            steps = np.concatenate([mat["step"][np.isfinite(mat["step"])].ravel()
+                                    for gs in mats.values() for _, mat, _ in gs])
+            caps = sorted(set(np.quantile(steps, np.linspace(0.0, 1.0, CAPS)).tolist())) + [np.inf]
+        caps = np.array(caps)
         n_caps = len(caps)
         # value[k, cap, position, cut]: least sum of steps covering the graph from ``cut`` with k
         # stages on the devices from ``position`` on, every step under the cap (all caps at once).
