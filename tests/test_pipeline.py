@@ -123,6 +123,7 @@ def test_two_node_plan_pipelines_and_beats_every_baseline(two_node_plan):
     plan = two_node_plan
     assert plan.pipeline is not None and len(plan.stages) >= 2
     assert plan.cost < plan.sim.iteration_seconds               # faster than one stage over all devices
+    assert plan.cost >= plan.lower_bound                         # no plan beats total FLOPs over total FLOPS
     assert "pipeline-even" in plan.baselines
     assert all(plan.cost <= v * (1 + 1e-9) for v in plan.baselines.values())
     stages = plan.stages
@@ -292,3 +293,12 @@ def test_sends_block_both_stages_where_communication_cannot_overlap():
     blocking = schedule_cost(stages, 4, comm_overlap=0.0)
     # each stage waits for its 0.5 s send and 0.5 s receive: every step grows by 1 s, the max too
     assert blocking.pipeline_seconds == pytest.approx(hidden.pipeline_seconds + 2 * 1.0 + 3 * 1.0)
+
+
+def test_forced_stages_microbatches_and_schedule_are_kept(gpt4):
+    from synth.stages import StagePlanner
+
+    pipe = StagePlanner(gpt4.graph, load_cluster(str(TWO_NODES))).plan(stages=3, microbatches=2, schedule="gpipe")
+    assert pipe is not None
+    assert (len(pipe.stages), pipe.microbatches, pipe.schedule) == (3, 2, "gpipe")
+    assert pipe.cost.inflight == (2, 2, 2)
