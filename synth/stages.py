@@ -168,8 +168,8 @@ class StagePlanner:
         pos = 0
         for node in nodes:
             node_start.append(pos)
-            step = len(node) // parts if len(node) % parts == 0 and len(node) >= parts else len(node)
-            step = max(1, step)
+            split = max(p for p in range(1, min(parts, len(node)) + 1) if len(node) % p == 0)
+            step = len(node) // split
             starts.extend(range(pos, pos + len(node), step))
             pos += len(node)
         positions = starts + [pos]
