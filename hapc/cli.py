@@ -132,7 +132,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if plan.graph.hash() != golden.graph.hash():
         print(f"hapc check: the plans are for different graphs ({plan.graph.hash()} vs {golden.graph.hash()})")
         return 1
-    if not plan.sim.memory.all_fit:
+    if not plan.fits:
         print("hapc check: FAILED: the plan does not fit in memory")
         return 1
     limit = golden.cost * (1 + args.tolerance)

@@ -302,3 +302,11 @@ def test_forced_stages_microbatches_and_schedule_are_kept(gpt4):
     assert pipe is not None
     assert (len(pipe.stages), pipe.microbatches, pipe.schedule) == (3, 2, "gpipe")
     assert pipe.cost.inflight == (2, 2, 2)
+
+
+def test_hapc_check_compares_a_pipelined_plan_by_its_pipeline_time(two_node_plan, tmp_path, capsys):
+    from hapc.cli import main
+
+    two_node_plan.save(tmp_path / "plan.json")
+    assert main(["check", str(tmp_path / "plan.json"), "--baseline", str(tmp_path / "plan.json")]) == 0
+    assert f"{two_node_plan.cost * 1e3:.4f} ms/iter" in capsys.readouterr().out
