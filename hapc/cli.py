@@ -47,6 +47,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     say = _progress(args)
     started = time.perf_counter()
     cluster = load_cluster(args.cluster)          # bad cluster files fail before any work
+    stages = _stages_arg(args.stages)
     overrides = parse_overrides(args.set)
     mf = load_model_file(args.model, overrides)
     say(f"tracing {args.model}")
@@ -57,7 +58,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     say(f"{len(traced.graph.nodes)} nodes traced in {traced.seconds:.1f} s; searching")
     plan = synthesize(traced, None, cluster, time_budget=args.time_budget, optimizer=args.optimizer,
                       model_file=str(Path(args.model).resolve()), model_kwargs=overrides, progress=say,
-                      stages=_stages_arg(args.stages), microbatches=args.microbatches, schedule=args.schedule)
+                      stages=stages, microbatches=args.microbatches, schedule=args.schedule)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     plan.save(out / "plan.json")

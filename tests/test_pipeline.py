@@ -310,3 +310,16 @@ def test_hapc_check_compares_a_pipelined_plan_by_its_pipeline_time(two_node_plan
     two_node_plan.save(tmp_path / "plan.json")
     assert main(["check", str(tmp_path / "plan.json"), "--baseline", str(tmp_path / "plan.json")]) == 0
     assert f"{two_node_plan.cost * 1e3:.4f} ms/iter" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, needle", [(["--stages", "two"], "--stages two"),
+                                           (["--stages", "auto", "--microbatches", "50"], "--microbatches 50")])
+def test_compile_rejects_stage_flags_in_one_line(tmp_path, capsys, flags, needle):
+    from hapc.cli import main
+
+    mlp = str(REPO / "configs" / "models" / "mlp.py")
+    small = ["--set", "layers=2", "--set", "features=8", "--set", "hidden=16", "--set", "classes=3", "--set", "batch=4"]
+    rc = main(["compile", mlp, "--cluster", str(TWO_NODES), "-o", str(tmp_path), "-q", *small, *flags])
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert rc == 2 and needle in text and "Traceback" not in text and len(text.strip().splitlines()) == 1
