@@ -43,7 +43,7 @@ import numpy as np
 
 from costmodel.cluster import Cluster, Link
 from costmodel.collectives import best_variant
-from costmodel.compute import node_seconds
+from costmodel.compute import ComputeTime, node_seconds
 from costmodel.internal import internal_all_reduces
 from costmodel.memory import optimizer_copies
 from costmodel.opclass import op_class
@@ -157,8 +157,13 @@ class ProgramPricer:
                 add_move(i, r_step)
             pending = []
             self.scaled[i] = any(o in batch for o in node.outputs)
+            seen: dict[tuple, ComputeTime] = {}      # equal devices with equal pieces price alike
             for r, frac in enumerate(_fractions(program, step, node.outputs)):
-                t = node_seconds(node, graph, cluster.devices[r], cluster, frac)
+                dev = cluster.devices[r]
+                key = (frac, tuple(dev.peak_flops.values()), dev.hbm_bandwidth_Bps)
+                if key not in seen:
+                    seen[key] = node_seconds(node, graph, dev, cluster, frac)
+                t = seen[key]
                 self.fwd[i, r] += t.fwd_seconds
                 self.bwd[i, r] += t.bwd_seconds
                 self.fwd_launch[i, r] += launch if t.fwd_seconds > 0 else 0.0
