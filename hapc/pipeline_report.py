@@ -95,3 +95,21 @@ def explain_pipeline(plan: Plan, limit: int | None = None) -> str:
             pending = []
             shown += 1
     return "\n".join(lines)
+
+
+def stage_time_split(plan: Plan) -> tuple[list[float], list[float], list[float]]:
+    """Per device, in ms: its stage's work over all micro-batches, its tail (gradient sync left
+    exposed, optimizer), and the rest of the iteration (bubble and waiting) — for the chart."""
+    pipe = plan.pipeline
+    assert pipe is not None
+    ms = 1e3
+    total = pipe.iteration_seconds * ms
+    work = [0.0] * plan.cluster.world
+    tail = [0.0] * plan.cluster.world
+    for st, end in zip(pipe.stages, pipe.cost.stage_end_seconds):
+        busy = pipe.microbatches * (st.cost.fwd_seconds + st.cost.bwd_seconds) * ms if st.cost else 0.0
+        after = max(0.0, end * ms - pipe.cost.pipeline_seconds * ms)
+        for r in st.ranks:
+            work[r], tail[r] = busy, after
+    idle = [max(0.0, total - w - t) for w, t in zip(work, tail)]
+    return work, tail, idle
