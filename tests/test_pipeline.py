@@ -323,3 +323,15 @@ def test_compile_rejects_stage_flags_in_one_line(tmp_path, capsys, flags, needle
     out = capsys.readouterr()
     text = out.out + out.err
     assert rc == 2 and needle in text and "Traceback" not in text and len(text.strip().splitlines()) == 1
+
+
+def test_report_names_stages_and_charts_them(two_node_plan, tmp_path):
+    from hapc.pipeline_report import stage_time_split
+    from hapc.report import write_report
+
+    text = write_report(two_node_plan, tmp_path).read_text()
+    assert "pipeline:" in text and "micro-batches" in text
+    work, tail, idle = stage_time_split(two_node_plan)
+    total = two_node_plan.cost * 1e3
+    assert all(abs(w + t + i - total) < 1e-6 or w + t > total for w, t, i in zip(work, tail, idle))
+    assert max(work) > 0
