@@ -113,6 +113,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
     plan = Plan.load(args.plan)
     sim = plan.simulate(args.cluster)
+    if plan.pipeline is not None:
+        from hapc.pipeline_report import resimulate_lines
+
+        print("\n".join(resimulate_lines(plan, sim.cluster)))
+        return 0
     print(sim.table())
     return 0
 

@@ -113,3 +113,20 @@ def stage_time_split(plan: Plan) -> tuple[list[float], list[float], list[float]]
             work[r], tail[r] = busy, after
     idle = [max(0.0, total - w - t) for w, t in zip(work, tail)]
     return work, tail, idle
+
+
+def resimulate_lines(plan: Plan, cluster) -> list[str]:
+    """``hapc simulate`` of a pipelined plan: its stages re-priced on ``cluster`` (same ranks)."""
+    from dataclasses import replace
+
+    from synth.stages import price_stages
+
+    pipe = plan.pipeline
+    assert pipe is not None
+    specs = [(st.first_node, st.stop_node, st.ranks, st.program) for st in pipe.stages]
+    again = price_stages(plan.graph, cluster, specs, pipe.microbatches, pipe.schedule,
+                         plan.model.get("optimizer", "adamw"))
+    moved = replace(plan, cluster=cluster, sim=plan.simulate(cluster), pipeline=again)
+    fit = "fits" if moved.fits else "DOES NOT FIT"
+    return [f"time per iteration {again.iteration_seconds * 1e3:.3f} ms on {cluster.name or 'the cluster'} "
+            f"({len(again.stages)} pipeline stages; {fit})", *pipeline_lines(moved)]

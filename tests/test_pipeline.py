@@ -335,3 +335,14 @@ def test_report_names_stages_and_charts_them(two_node_plan, tmp_path):
     total = two_node_plan.cost * 1e3
     assert all(abs(w + t + i - total) < 1e-6 or w + t > total for w, t, i in zip(work, tail, idle))
     assert max(work) > 0
+
+
+def test_simulate_reprices_a_pipelined_plan_on_another_cluster(two_node_plan, tmp_path, capsys):
+    from hapc.cli import main
+
+    two_node_plan.save(tmp_path / "plan.json")
+    assert main(["simulate", str(tmp_path / "plan.json")]) == 0
+    same = capsys.readouterr().out
+    assert f"{two_node_plan.cost * 1e3:.3f} ms" in same and "pipeline stages" in same
+    assert main(["simulate", str(tmp_path / "plan.json"), "--cluster", str(REPO / "configs/clusters/small-mixed.yaml")]) == 0
+    assert "small-mixed" in capsys.readouterr().out
