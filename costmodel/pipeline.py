@@ -100,11 +100,6 @@ class ProgramProfile:
         b = float(np.max(self.bwd_compute[stop] - self.bwd_compute[first])) + float(self.bwd_comm[stop] - self.bwd_comm[first])
         return f, b
 
-    def shared_params(self, first: int, stop: int) -> list[str]:
-        """Parameters this range reads whose first reader is an earlier node (held twice)."""
-        return [p for p, first_use in self.param_first_use.items()
-                if first_use < first and any(first <= u < stop for u in self.param_uses[p])]
-
 
 def profile_program(program: DistProgram, cluster: Cluster, microbatches: int = 1,
                     optimizer: str | int = "adamw") -> ProgramProfile:
