@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 def render_section(res: dict[str, Any]) -> list[str]:
     """The BENCHMARKS.md section (called by bench.render)."""
     data = res.get("pipeline")
-    out = ["## 5. Pipeline stages (predicted time per iteration)", ""]
+    out = ["## 6. Pipeline stages (predicted time per iteration)", ""]
     if not data:
         return out + ["Not run yet (`python -m bench.pipeline`).", ""]
     out += ["| cluster | model | plan ms | 1-D plan ms | pipeline-even ms | dp-even ms | vs 1-D | vs dp-even | "

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from costmodel.cluster import Cluster, load_cluster
+from hapc.errors import UserError
+from hapc.ir.precision import Precision, autocast_graph, check_precision
 from hapc.plan import Plan
 from hapc.tracer import Traced, trace
 
@@ -38,12 +40,15 @@ def synthesize(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] |
                cluster: str | Mapping[str, Any] | Cluster, *, time_budget: float | None = None,
                optimizer: str = "adamw", backend: str = "highs", model_file: str | None = None,
                model_kwargs: Mapping[str, Any] | None = None,
-               progress: Callable[[str], None] | None = None, stages: int | str | None = None,
-               microbatches: int | None = None, schedule: str | None = None) -> Plan:
+               progress: Callable[[str], None] | None = None, precision: str = "fp32",
+               stages: int | str | None = None, microbatches: int | None = None,
+               schedule: str | None = None) -> Plan:
     """Search for the fastest SPMD program of ``model(*inputs)`` (a scalar loss) on ``cluster``.
 
     ``time_budget`` (seconds) bounds the search; the plan then says how far from proven
     optimal it may be. ``model_file``/``model_kwargs`` let ``plan.emit`` rebuild the model.
+    ``precision`` is ``"fp32"`` or ``"bf16"`` (autocast with float32 master weights; the
+    search prices the graph as autocast runs it, see :mod:`hapc.ir.precision`).
     ``stages="auto"`` also searches pipelines (stages on device groups, each with its own
     SPMD program; see :mod:`synth.stages`) and keeps one when it is predicted faster; an
     integer forces that many stages, ``microbatches``/``schedule`` ("1f1b", "gpipe") force
@@ -51,11 +56,13 @@ def synthesize(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] |
     """
     from synth.synthesize import synthesize_program
 
+    numerics = _precision(precision)
     traced = _traced(model, inputs)
     cl = load_cluster(cluster)
     if stages is not None:
         _check_stage_options(traced, stages, microbatches, schedule)      # before any search
-    result = synthesize_program(traced.graph, cl, time_budget=time_budget, optimizer=optimizer,
+    graph = autocast_graph(traced.graph, numerics.name)
+    result = synthesize_program(graph, cl, time_budget=time_budget, optimizer=optimizer,
                                 backend=backend, progress=progress)
     best = result.best
     search = {}
@@ -66,11 +73,11 @@ def synthesize(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] |
     baselines = {k: c.seconds for k, c in result.baselines.items()}
     pipeline = None
     if stages is not None and stages != 1:
-        pipeline = _pipeline(traced, cl, stages, microbatches, schedule, optimizer, baselines, progress)
+        pipeline = _pipeline(graph, cl, stages, microbatches, schedule, optimizer, baselines, progress)
         if pipeline is not None and stages == "auto" and pipeline.iteration_seconds >= best.seconds:
             pipeline = None        # one stage over all devices is still the fastest
     return Plan(best.program, cl, best.sim, "hapc" if pipeline is not None else best.name, baselines, search,
-                _model_info(model_file, model_kwargs, optimizer), pipeline)
+                _model_info(model_file, model_kwargs, optimizer), _assumed(numerics, cl), pipeline)
 
 
 def _check_stage_options(traced: Traced, stages: int | str, microbatches: int | None,
@@ -89,13 +96,13 @@ def _check_stage_options(traced: Traced, stages: int | str, microbatches: int | 
         raise UserError(f"--schedule {schedule}: expected one of {', '.join(SCHEDULES)}")
 
 
-def _pipeline(traced: Traced, cluster: Cluster, stages: int | str, microbatches: int | None,
+def _pipeline(graph, cluster: Cluster, stages: int | str, microbatches: int | None,
               schedule: str | None, optimizer: str, baselines: dict[str, float], progress):
     """The best pipeline (None if none fits) and, as a side effect, the pipeline-even baseline."""
     from hapc.errors import UserError
     from synth.stages import StagePlanner, pipeline_even
 
-    planner = StagePlanner(traced.graph, cluster, optimizer=optimizer, progress=progress)
+    planner = StagePlanner(graph, cluster, optimizer=optimizer, progress=progress)
     even = pipeline_even(planner)
     if even is not None:
         baselines["pipeline-even"] = float(even.iteration_seconds)
@@ -111,17 +118,34 @@ def _pipeline(traced: Traced, cluster: Cluster, stages: int | str, microbatches:
 
 def baseline(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] | None,
              cluster: str | Mapping[str, Any] | Cluster, name: str, *, optimizer: str = "adamw",
-             model_file: str | None = None, model_kwargs: Mapping[str, Any] | None = None) -> Plan:
+             model_file: str | None = None, model_kwargs: Mapping[str, Any] | None = None,
+             precision: str = "fp32") -> Plan:
     """One of the standard strategies (``dp-even``, ``dp-flops``, ``megatron-tp``, ``zero3``)
     as a plan, scored by the same cost model."""
     from costmodel.simulator import simulate
     from synth.baselines import baseline_program
 
+    numerics = _precision(precision)
     traced = _traced(model, inputs)
     cl = load_cluster(cluster)
-    program = baseline_program(name, traced.graph, cl)
+    program = baseline_program(name, autocast_graph(traced.graph, numerics.name), cl)
     return Plan(program, cl, simulate(program, cl, optimizer=optimizer), name, {}, {},
-                _model_info(model_file, model_kwargs, optimizer))
+                _model_info(model_file, model_kwargs, optimizer), _assumed(numerics, cl))
+
+
+def _precision(name: str) -> Precision:
+    try:
+        return Precision(check_precision(name))
+    except ValueError as exc:
+        raise UserError(str(exc), where="precision") from None
+
+
+def _assumed(numerics: Precision, cluster: Cluster) -> Precision:
+    """What the plan records: TF32 as the cluster file says (the compute model priced fp32
+    products at the TF32 peak exactly then), gradients reduced in float32 (the master
+    weights' dtype, as DDP under autocast does; bf16 would halve those bytes but round every
+    summed gradient)."""
+    return Precision(numerics.name, cluster.allow_tf32, "fp32")
 
 
 def _model_info(model_file: str | None, kwargs: Mapping[str, Any] | None, optimizer: str) -> dict[str, Any]:

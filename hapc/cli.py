@@ -8,6 +8,7 @@ calls the library; no pipeline logic lives in the CLI.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -46,19 +47,21 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
     say = _progress(args)
     started = time.perf_counter()
+    _check_precision(args.precision)
     cluster = load_cluster(args.cluster)          # bad cluster files fail before any work
     stages = _stages_arg(args.stages)
     overrides = parse_overrides(args.set)
     mf = load_model_file(args.model, overrides)
-    say(f"tracing {args.model}")
-    traced = _trace_model_file(mf, trace)
+    with _transient(f"tracing {args.model}", quiet=getattr(args, "quiet", False)):
+        traced = _trace_model_file(mf, trace)
     if traced.graph.unsupported:
         ops = ", ".join(f"{op} ({where[0]})" for op, where in sorted(traced.graph.unsupported.items()))
         print(f"hapc: warning: no sharding rule, these run replicated: {ops}", file=sys.stderr)
     say(f"{len(traced.graph.nodes)} nodes traced in {traced.seconds:.1f} s; searching")
     plan = synthesize(traced, None, cluster, time_budget=args.time_budget, optimizer=args.optimizer,
                       model_file=str(Path(args.model).resolve()), model_kwargs=overrides, progress=say,
-                      stages=stages, microbatches=args.microbatches, schedule=args.schedule)
+                      precision=args.precision, stages=stages, microbatches=args.microbatches,
+                      schedule=args.schedule)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     plan.save(out / "plan.json")
@@ -94,6 +97,30 @@ def _stages_arg(value: str | None) -> int | str | None:
         raise UserError(f"--stages {value}: expected a number of pipeline stages or 'auto'") from None
 
 
+@contextlib.contextmanager
+def _transient(msg: str, *, quiet: bool):
+    """A progress line on a terminal that is erased when the work ends, so that a failure
+    (a model torch.export cannot trace) leaves exactly its one error line."""
+    show = not quiet and sys.stderr.isatty()
+    if show:
+        print(f"  {msg}", end="\r", file=sys.stderr, flush=True)
+    try:
+        yield
+    finally:
+        if show:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+
+def _check_precision(name: str) -> None:
+    """Bad --precision fails before any work, in one line."""
+    from hapc.ir.precision import check_precision
+
+    try:
+        check_precision(name)
+    except ValueError as exc:
+        raise UserError(str(exc), where="--precision") from None
+
+
 def _trace_model_file(mf, trace):
     """Trace on the meta device (no weights, fast) and fall back to real tensors if the model
     cannot be built or traced there."""
@@ -102,10 +129,15 @@ def _trace_model_file(mf, trace):
     try:
         model = mf.build_model(device="meta")
         inputs = tuple(t.to("meta") for t in mf.build_inputs())
-        return trace(model, inputs)
+        traced = trace(model, inputs)
+        if not traced.dataless_constants():
+            return traced
     except UserError:
-        model = mf.build_model()
-        return trace(model, mf.build_inputs())
+        pass
+    # Real tensors: also when the meta trace lifted tensors it made in forward (a list index,
+    # torch.tensor(...)) without their data; a trace on CPU gives graph and data together.
+    model = mf.build_model()
+    return trace(model, mf.build_inputs())
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -151,11 +183,55 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_profile(args: argparse.Namespace) -> int:
     from profiler.profile import profile
 
+    if args.model:
+        _check_precision(args.precision)
+    if args.ops_only:
+        if not args.model:
+            raise UserError("--ops-only times a model's ops: give --model MODEL.py", where="--ops-only")
+        return _profile_model_ops(args)
     result = profile(args.output, nproc=args.nproc, merge=args.merge, quick=args.quick, affinity=args.affinity,
                      threads=args.threads, device=args.device, op_classes=not args.no_op_classes,
                      say=_progress(args))
     if result is not None:          # None on the ranks other than 0 under torchrun
         print(result.summary())
+        if args.model:
+            return _profile_model_ops(args)
+    return 0
+
+
+def _profile_model_ops(args: argparse.Namespace) -> int:
+    """Time the model's distinct op signatures on one device of this machine and store them
+    beside the cluster file (see profiler.ops and costmodel.optable)."""
+    import time
+
+    import torch
+
+    from costmodel.cluster_file import read_cluster_file
+    from hapc.ir.precision import autocast_graph
+    from hapc.modelfile import load_model_file, parse_overrides
+    from hapc.tracer import trace
+    from profiler.ops import profile_ops
+    from profiler.profile import _device_type
+
+    say = _progress(args)
+    started = time.perf_counter()
+    cluster = read_cluster_file(args.output)
+    device_type = _device_type(args.device)
+    device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
+    if device_type == "cpu":
+        torch.set_num_threads(args.threads)     # as the profiled ranks (and emitted programs) run
+    mf = load_model_file(args.model, parse_overrides(args.set))
+    say(f"tracing {args.model}")
+    graph = autocast_graph(_trace_model_file(mf, trace).graph, args.precision)
+    table = profile_ops(graph, args.output, cluster.devices[0].type, device,
+                        autocast=torch.bfloat16 if args.precision == "bf16" else None,
+                        allow_tf32=cluster.allow_tf32, say=say)
+    from costmodel.optable import measured_share, table_path
+
+    measured, total = measured_share(graph, table)
+    print(f"per-op times: {measured} of {total} op nodes of {Path(args.model).name} measured on "
+          f"{table.device_name} ({len(table.entries)} signatures in the table) in "
+          f"{time.perf_counter() - started:.1f} s; wrote {table_path(args.output)}")
     return 0
 
 
@@ -163,6 +239,77 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from hapc.calibrate import calibrate_cli
 
     return calibrate_cli(args, say=_progress(args))
+
+
+def _cmd_replan(args: argparse.Namespace) -> int:
+    from costmodel.cluster import load_cluster
+    from costmodel.cluster_edit import slowed, surviving_ranks, without_devices
+    from hapc.plan import Plan
+    from hapc.replan import replan
+    from hapc.report import write_report
+
+    old = Plan.load(args.plan)
+    survivors = list(range(old.cluster.world))
+    if args.cluster:
+        cluster = load_cluster(args.cluster)
+        survivors = survivors if cluster.world == old.cluster.world else None
+    else:
+        cluster = old.cluster
+        if args.measured:
+            from hapc.straggler import measured_cluster
+
+            cluster = measured_cluster(args.measured, cluster, list(old.sim.compute_seconds), say=_progress(args))
+        if args.slow:
+            cluster = slowed(cluster, dict(_rank_factor(s) for s in args.slow))
+        if args.drop:
+            dropped = [_rank(x, "--drop") for part in args.drop for x in part.split(",")]
+            cluster = without_devices(cluster, dropped)
+            survivors = surviving_ranks(old.cluster.world, dropped)
+    effort = "quick" if args.quick else "search" if args.search else "full" if args.full else "auto"
+    done = replan(old, cluster, survivors=survivors, effort=effort, progress=_progress(args))
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    done.plan.save(out / "plan.json")
+    write_report(done.plan, out)
+    wrote = ["plan.json", "report.md"]
+    if not args.no_emit:
+        done.plan.emit(out)
+        wrote.append("program.py")
+    print(done.plan.summary())
+    how = "the old program re-balanced" if done.kept_program else \
+        f"a new program ({done.carried_cost_seconds * 1e3:.3f} ms/iter for the old one re-balanced)"
+    print(f"replanned {old.cluster.world} -> {cluster.world} devices in {done.seconds:.2f} s: {how}; "
+          f"{done.plan.cost * 1e3:.3f} ms/iter (was {done.old_cost_seconds * 1e3:.3f} ms on the old cluster)")
+    print(f"wrote {', '.join(str(out / w) for w in wrote)}")
+    if not args.no_emit:
+        print(f"resume: torchrun --nproc_per_node={cluster.world} {out / 'program.py'} --load CHECKPOINT_DIR")
+    return 0
+
+
+def _rank(text: str, flag: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"{flag} {text}: expected a rank number") from None
+
+
+def _rank_factor(text: str) -> tuple[int, float]:
+    rank, sep, factor = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return int(rank), float(factor)
+    except ValueError:
+        raise UserError(f"--slow {text}: expected RANK=FACTOR, e.g. 3=2 (rank 3 at half speed)") from None
+
+
+def _cmd_export_weights(args: argparse.Namespace) -> int:
+    from hapc.checkpoints import export_weights
+
+    done = export_weights(args.checkpoint, args.output)
+    print(f"wrote {args.output}: {done.tensors} tensors, {done.bytes / 1e6:.2f} MB, the weights after step "
+          f"{done.step} (from {done.checkpoint})")
+    return 0
 
 
 def _cmd_rules(args: argparse.Namespace) -> int:
@@ -200,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                       help="stop the search after this long and keep the best plan found (with its gap)")
     comp.add_argument("--optimizer", default="adamw", help="optimizer whose state memory to plan for")
+    comp.add_argument("--precision", default="fp32", metavar="fp32|bf16",
+                      help="fp32, or bf16: autocast forward with fp32 master weights, priced at the bf16 peak")
     comp.add_argument("--no-emit", action="store_true", help="write the plan and report only")
     comp.add_argument("--stages", default=None, metavar="N|auto",
                       help="also search pipeline stages on device groups ('auto'), or force N stages")
@@ -254,6 +403,14 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--threads", type=int, default=1, help="threads per rank (default 1)")
     prof.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     prof.add_argument("--no-op-classes", action="store_true", help="skip the per-op-class efficiencies")
+    prof.add_argument("--model", default=None, metavar="MODEL.py",
+                      help="also time every distinct op of this model (forward and backward, shard sizes) on "
+                           "one device; stored beside the cluster file (CLUSTER.ops.json), used by the cost model")
+    prof.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model config override")
+    prof.add_argument("--precision", default="fp32", metavar="fp32|bf16", help="time the model's ops as this "
+                      "precision runs them (bf16: under autocast)")
+    prof.add_argument("--ops-only", action="store_true",
+                      help="with --model: keep the existing cluster file, only time the model's ops")
     prof.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     prof.set_defaults(func=_cmd_profile)
 
@@ -277,6 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="pin ranks as profiled (default: the cluster file's hapc-affinity line)")
     cal.add_argument("--fit", default="compute,memory,launch,comm,latency",
                      help="what to fit: compute, memory, launch, comm, latency, or op classes (matmul, ...)")
+    cal.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                     help="where the programs run (auto: GPUs when the cluster's devices are GPUs and this "
+                          "machine has one per rank of a node, else CPU ranks)")
     cal.add_argument("--runs", default=None, metavar="RUNS.json",
                      help="add these measurements to earlier ones in RUNS.json and fit on all of them")
     cal.add_argument("--write", action="store_true", help="write the fitted values into the cluster file")
@@ -284,12 +444,52 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per run")
     cal.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     cal.set_defaults(func=_cmd_calibrate)
+
+    rep = sub.add_parser("replan", help="a plan for a changed cluster (a device lost, added or slower), "
+                                        "from an old plan without tracing again",
+                         description="Re-balance the old plan's program for the new cluster with the share LP, "
+                                     "compare it with the standard baselines there, and write OUT/plan.json, "
+                                     "OUT/report.md and OUT/program.py (which --load's the old program's "
+                                     "checkpoints). Give the new cluster as a file or as changes to the old one.")
+    rep.add_argument("plan", metavar="PLAN.json")
+    change = rep.add_argument_group("the change (--cluster, or any of the others)")
+    change.add_argument("--cluster", default=None, metavar="NEW.yaml", help="the new cluster file")
+    change.add_argument("--drop", action="append", default=[], metavar="RANK",
+                        help="remove the device of this rank (repeat or comma-separate for several)")
+    change.add_argument("--slow", action="append", default=[], metavar="RANK=FACTOR",
+                        help="this rank's device is FACTOR times slower than its spec (repeatable)")
+    change.add_argument("--measured", default=None, metavar="RUN.log",
+                        help="per-rank times a program printed with --timings: set device speeds from them")
+    rep.add_argument("-o", "--output", required=True, metavar="OUT", help="output folder")
+    effort = rep.add_mutually_exclusive_group()
+    effort.add_argument("--quick", action="store_true",
+                        help="only re-balance the old program's shares (no search): the fastest replan")
+    effort.add_argument("--search", action="store_true",
+                        help="always run one search round on the new cluster (by default only when the old "
+                             "program, re-balanced, lost more than the devices did)")
+    effort.add_argument("--full", action="store_true",
+                        help="search as hapc compile does (every round, the baselines), on the stored graph")
+    rep.add_argument("--no-emit", action="store_true", help="write the plan and report only")
+    rep.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    rep.set_defaults(func=_cmd_replan)
+
+    exw = sub.add_parser("export-weights", help="write a checkpoint's weights as a single-device state_dict",
+                         description="Read a checkpoint an emitted program saved (--save DIR), under any plan "
+                                     "and world size, and write the model's whole tensors with torch.save, "
+                                     "keyed as model.state_dict() (model.load_state_dict(torch.load(OUT))).")
+    exw.add_argument("checkpoint", metavar="DIR", help="the --save folder (its latest step) or one step-N folder")
+    exw.add_argument("output", metavar="OUT.pt")
+    exw.set_defaults(func=_cmd_export_weights)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "replan" and not (args.cluster or args.drop or args.slow or args.measured):
+        parser.error("replan: give the change: --cluster NEW.yaml, --drop RANK, --slow RANK=FACTOR or --measured RUN.log")
+    if args.command == "replan" and args.cluster and (args.drop or args.slow or args.measured):
+        parser.error("replan: --cluster gives the whole new cluster; do not combine it with --drop/--slow/--measured")
     try:
         return args.func(args)
     except UserError as exc:

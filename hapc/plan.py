@@ -19,6 +19,7 @@ from costmodel.simulator import SimResult, simulate
 from hapc.errors import UserError
 from hapc.ir.graph import Graph
 from hapc.ir.layout import parse_layout
+from hapc.ir.precision import Precision
 from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class Plan:
     baselines: dict[str, float] = field(default_factory=dict)   # name -> predicted seconds
     search: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)         # file, kwargs, optimizer
+    precision: Precision = field(default_factory=Precision)     # dtypes, TF32, gradient reduction
     # Pipeline stages (issue 12); None for a one-stage plan over all devices, whose program is
     # ``program``. A pipelined plan keeps the best one-stage program in ``program`` and ``sim``
     # for comparison; its cost, memory and shares come from the stages.
@@ -118,6 +120,18 @@ class Plan:
 
         return summary_text(self)
 
+    def report(self) -> str:
+        """The plan as Markdown: time per iteration, speed-ups, devices, chart (inline PNG)."""
+        from hapc.notebook import plan_markdown
+
+        return plan_markdown(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: the same content as :meth:`report`, as HTML."""
+        from hapc.notebook import plan_html
+
+        return plan_html(self)
+
     def __repr__(self) -> str:
         staged = f" in {len(self.pipeline.stages)} pipeline stages" if self.pipeline is not None else ""
         return (f"Plan({self.name}: {self.cost * 1e3:.3f} ms/iter on {self.cluster.world} devices{staged}, "
@@ -127,12 +141,15 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         steps = _steps_to_dict(self.program)
         sim = self.sim
+        cluster = self.cluster.to_dict()
+        if self.cluster.op_table is not None:     # the measured times this plan was priced with
+            cluster["measured_ops"] = self.cluster.op_table.restricted_to(self.graph).to_dict()
         out = _canonical({
             "format": FORMAT,
             "name": self.name,
             "model": self.model,
             "graph_hash": self.graph.hash(),
-            "cluster": self.cluster.to_dict(),
+            "cluster": cluster,
             "shares": list(self.program.shares),
             "source_layouts": {k: repr(v) for k, v in sorted(self.program.source_layouts.items())},
             "steps": steps,
@@ -144,6 +161,7 @@ class Plan:
             },
             "baselines": self.baselines,
             "search": self.search,
+            "precision": self.precision.to_dict(),
             "graph": self.graph.to_dict(),
         })
         if self.pipeline is not None:
@@ -179,7 +197,7 @@ class Plan:
         if "pipeline" in data:
             pipeline = _pipeline_from_dict(data["pipeline"], graph, cluster, model.get("optimizer", "adamw"))
         return Plan(program, cluster, sim, data.get("name", "hapc"), dict(data.get("baselines", {})),
-                    dict(data.get("search", {})), model, pipeline)
+                    dict(data.get("search", {})), model, Precision.from_dict(data.get("precision")), pipeline)
 
     def emit(self, out_dir: str | Path, constants: dict | None = None) -> Path:
         """Write ``out_dir/program.py`` (and the model file beside it); see :mod:`hapc.codegen`.
@@ -197,7 +215,7 @@ class Plan:
         out.mkdir(parents=True, exist_ok=True)
         return Path(emit(self.program, self.model["file"], str(out), model_kwargs=self.model.get("kwargs", {}),
                          optimizer=self.model.get("optimizer", "adamw"), plan_summary=self.summary(),
-                         cluster=self.cluster, constants=constants))
+                         cluster=self.cluster, constants=constants, precision=self.precision))
 
 
 def _steps_to_dict(program: DistProgram) -> list[dict[str, Any]]:

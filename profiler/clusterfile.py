@@ -68,10 +68,19 @@ def device_fields(numbers: list[Mapping[str, Any]]) -> dict[str, Any]:
             "hbm_GBps": sig(statistics.fmean(n["hbm_bandwidth_Bps"] for n in numbers) / 1e9)}
 
 
+FLOPS_NOISE_FLOOR = 0.15     # fp32 peaks closer than this are one kind of device, whatever their spread
+
+
 def _similar(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """One kind of device: the same name, bandwidths within 25%, and fp32 peaks that the
+    measurements cannot tell apart — within 15%, or within the two measurements' spreads
+    (on a shared 2-core machine two identical cores once measured 31.7 and 46.6 GFLOPS, and a
+    plan that split shares on that ran 5% slower than even data parallelism)."""
     fa, fb = a["peak_flops"]["fp32"], b["peak_flops"]["fp32"]
     ha, hb = a["hbm_bandwidth_Bps"], b["hbm_bandwidth_Bps"]
-    return a["name"] == b["name"] and abs(fa - fb) <= 0.15 * max(fa, fb) and abs(ha - hb) <= 0.25 * max(ha, hb)
+    noise = fa * a.get("flops_spread", 0.0) + fb * b.get("flops_spread", 0.0)
+    flops_alike = abs(fa - fb) <= max(FLOPS_NOISE_FLOOR * max(fa, fb), noise)
+    return a["name"] == b["name"] and flops_alike and abs(ha - hb) <= 0.25 * max(ha, hb)
 
 
 def group_ranks(devices: list[Mapping[str, Any]]) -> list[list[int]]:

@@ -22,12 +22,13 @@ dtypes, so the whole measurement takes a few seconds on a CPU core.
 from __future__ import annotations
 
 import os
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
 
-from profiler.timing import window_seconds
+from profiler.timing import relative_spread, window_samples, window_seconds
 
 _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32}
 
@@ -42,6 +43,9 @@ class DeviceNumbers:
     hbm_bandwidth_Bps: float
     launch_seconds: float
     skipped: dict[str, str] = field(default_factory=dict)   # dtype -> why it was not measured
+    # Half the range of the fp32 peak over the timing windows, relative: devices whose peaks
+    # differ by less than their spreads are one kind of device (see profiler.clusterfile).
+    flops_spread: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -114,7 +118,13 @@ def dtypes_to_measure(device: torch.device) -> tuple[list[str], dict[str, str]]:
 
 
 def matmul_flops(device: torch.device, dtype: str, sizes: BenchSizes) -> float:
-    """Best flop/s of ``n x n @ n x n`` over the sizes.
+    """Best flop/s of ``n x n @ n x n`` over the sizes (see :func:`matmul_flops_spread`)."""
+    return matmul_flops_spread(device, dtype, sizes)[0]
+
+
+def matmul_flops_spread(device: torch.device, dtype: str, sizes: BenchSizes) -> tuple[float, float]:
+    """Best flop/s of ``n x n @ n x n`` over the sizes, and the relative spread of that size's
+    timing windows.
 
     On a CPU, half precision without hardware support runs about 50x slower than fp32, so
     those dtypes get only the two smallest sizes (the number of sizes is decided by the
@@ -122,7 +132,7 @@ def matmul_flops(device: torch.device, dtype: str, sizes: BenchSizes) -> float:
     """
     sync = synchronizer(device)
     tdtype = _TORCH_DTYPES[dtype]
-    best = 0.0
+    best, spread = 0.0, 0.0
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     try:
@@ -134,11 +144,13 @@ def matmul_flops(device: torch.device, dtype: str, sizes: BenchSizes) -> float:
             def product(a: torch.Tensor = a, b: torch.Tensor = b) -> torch.Tensor:
                 return a @ b
 
-            seconds = window_seconds(product, window_seconds=sizes.window_seconds, repeats=sizes.repeats, sync=sync)
-            best = max(best, 2.0 * n**3 / seconds)
+            samples = window_samples(product, window_seconds=sizes.window_seconds, repeats=sizes.repeats, sync=sync)
+            flops = 2.0 * n**3 / statistics.median(samples)
+            if flops > best:
+                best, spread = flops, relative_spread(samples)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
-    return best
+    return best, spread
 
 
 def copy_bandwidth_Bps(device: torch.device, sizes: BenchSizes) -> float:
@@ -177,13 +189,15 @@ def measure_device(device: torch.device, *, quick: bool = False, ranks_on_host: 
     sizes = BenchSizes.for_mode(device, quick)
     dtypes, skipped = dtypes_to_measure(device)
     peaks: dict[str, float] = {}
+    spread = 0.0
     for dt in ("fp32", "tf32", "bf16", "fp16"):
         between()
         if dt not in dtypes:
             continue
         say(f"matmul {dt}")
         try:
-            peaks[dt] = matmul_flops(device, dt, sizes)
+            peaks[dt], dt_spread = matmul_flops_spread(device, dt, sizes)
+            spread = dt_spread if dt == "fp32" else spread
         except RuntimeError as exc:      # no kernel for this dtype on this device
             skipped[dt] = f"matmul failed: {str(exc).splitlines()[0][:80]}"
     between()
@@ -193,4 +207,4 @@ def measure_device(device: torch.device, *, quick: bool = False, ranks_on_host: 
     say("op launch overhead")
     launch = launch_seconds(device, sizes)
     return DeviceNumbers(device_name(device), peaks, device_memory_bytes(device, ranks_on_host), hbm, launch,
-                         skipped)
+                         skipped, spread)

@@ -174,12 +174,13 @@ def _header(raw: dict, intra: LinkFit | None, network: LinkFit | None, merged: A
 def format_summary(result: ProfileResult) -> str:
     """A table of what was measured, per rank and per link, in the units people read."""
     raw = result.raw
-    lines = [(f"{'rank':>4} {'host':<14} {'fp32 GFLOPS':>11} {'bf16':>7} {'fp16':>7} {'copy GB/s':>9} "
+    lines = [(f"{'rank':>4} {'host':<14} {'fp32 GFLOPS':>11} {'spread':>6} {'bf16':>7} {'fp16':>7} {'copy GB/s':>9} "
              f"{'launch us':>9}")]
     for r in raw["ranks"]:
         d = r["device"]
         pk = d["peak_flops"]
         lines.append(f"{r['rank']:>4} {r['host'][:14]:<14} {pk['fp32'] / 1e9:11.1f} "
+                     f"{'+-' + format(d.get('flops_spread', 0.0) * 100, '.0f') + '%':>6} "
                      f"{pk.get('bf16', float('nan')) / 1e9:7.2f} {pk.get('fp16', float('nan')) / 1e9:7.2f} "
                      f"{d['hbm_bandwidth_Bps'] / 1e9:9.2f} {d['launch_seconds'] * 1e6:9.1f}")
     for label, fit in (("intra-node", result.intra), ("network", result.network)):

@@ -22,6 +22,14 @@ from collections.abc import Callable
 def window_seconds(work: Callable[[], object], *, window_seconds: float, repeats: int = 3, warmup: int = 1,
                    sync: Callable[[], None] | None = None) -> float:
     """Median over ``repeats`` windows of (window length / calls completed in it)."""
+    return statistics.median(window_samples(work, window_seconds=window_seconds, repeats=repeats, warmup=warmup,
+                                            sync=sync))
+
+
+def window_samples(work: Callable[[], object], *, window_seconds: float, repeats: int = 3, warmup: int = 1,
+                   sync: Callable[[], None] | None = None) -> list[float]:
+    """Seconds per call in each of ``repeats`` windows: their median is the measurement, their
+    range its noise (see :func:`relative_spread`)."""
     sync = sync or (lambda: None)
     for _ in range(warmup):
         work()
@@ -38,4 +46,11 @@ def window_seconds(work: Callable[[], object], *, window_seconds: float, repeats
             if elapsed >= window_seconds:
                 break
         samples.append(elapsed / calls)
-    return statistics.median(samples)
+    return samples
+
+
+def relative_spread(samples: list[float]) -> float:
+    """Half the range of ``samples`` over their median: a measurement that repeats within it
+    cannot be told apart from this one."""
+    centre = statistics.median(samples)
+    return (max(samples) - min(samples)) / 2 / centre if centre > 0 else 0.0

@@ -1,0 +1,179 @@
+"""A plan for a changed cluster, from the old plan rather than from scratch.
+
+When a device is lost, added or slows down, the program the search found (which op runs in
+which layout, which collectives move what) does not depend on how many devices there are or
+how fast each is: layouts are ``Shard``/``Replicate``/``Partial`` and the per-device part is
+only the shares. So the old plan's program is still a valid program on the new cluster, and
+re-balancing it is one small LP (:func:`synth.ratios.solve_shares`), not a search. ``replan``
+works from ``plan.json`` alone (it holds the graph: nothing is traced) and, by effort:
+
+* ``quick``: the old program at the LP's shares for the new devices, nothing else;
+* ``search``: that, and one round of the search on the new cluster (both overlap
+  assumptions, each result re-balanced by the LP). The collectives' prices change with the
+  world size and the nodes' shapes, so the old program can become a poor one: dropping one of
+  the HAP 8-GPU cluster's devices left a 48-layer GPT's old program at 1182 ms/iter where a
+  new search found 680;
+* ``auto`` (default): ``quick``, then ``search`` only if the re-balanced old program lost more
+  than the cluster's FLOPS did (as in that example);
+* ``full``: everything ``hapc compile`` tries, baselines included.
+
+Whichever simulates fastest and fits wins; a tie keeps the old program.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.cluster import Cluster
+from costmodel.simulator import SimResult, simulate
+from hapc.errors import UserError
+from hapc.ir.graph import Graph
+from hapc.ir.program import DistProgram
+from hapc.plan import Plan
+from synth.costs import Prices
+from synth.loads import share_problem
+from synth.ratios import MemoryInfeasible, solve_shares
+from synth.search import SearchResult, search, to_program
+from synth.space import SearchSpace
+
+Progress = Callable[[str], None]
+EFFORTS = ("auto", "quick", "search", "full")
+# "auto" searches when the old program, re-balanced, is slower than the old plan's time scaled
+# by the change in the cluster's total FLOPS by more than this: the change hurt it beyond the
+# devices' loss, so another program may win.
+DEGRADED = 0.05
+# Fractions of the gradient all-reduce the search assumes hidden behind backward: as in one
+# round of hapc compile, both are searched and the simulator picks. Neither alone is enough:
+# for a 48-layer GPT on 7 of the HAP 8-GPU devices, 0 found 680 ms/iter and 0.75 found 1313.
+SEARCH_OVERLAPS = (0.0, 0.75)
+
+
+@dataclass(frozen=True)
+class Replanned:
+    plan: Plan
+    kept_program: bool             # the old program, re-balanced, won
+    effort: str                    # what ran: "quick", "search" or "full" (see replan)
+    seconds: float                 # wall time of the replan (loaded machines: see the report)
+    old_cost_seconds: float        # the old plan's predicted iteration time on its own cluster
+    carried_cost_seconds: float    # the old program re-balanced on the new cluster (inf: did not fit)
+
+
+def carry_shares(old: Sequence[float], survivors: Sequence[int] | None, cluster: Cluster) -> tuple[float, ...]:
+    """Starting shares on the new cluster: the survivors' old shares renormalised (``survivors``
+    gives each new rank's old rank), or the new devices' FLOPS shares when the devices are new."""
+    if survivors is None or len(survivors) != cluster.world:
+        return tuple(cluster.flops_shares())
+    kept = np.asarray([old[r] for r in survivors], dtype=float)
+    if kept.sum() <= 0:
+        return tuple(cluster.flops_shares())
+    return tuple(float(x) for x in kept / kept.sum())
+
+
+def rebalance(program: DistProgram, shares: Sequence[float], cluster: Cluster,
+              optimizer: str) -> tuple[DistProgram, SimResult]:
+    """``program`` at the shares the LP finds best for it on ``cluster`` (or at ``shares``
+    when those simulate faster), and its simulation. Raises MemoryInfeasible when it cannot
+    fit at any shares."""
+    start = DistProgram(program.graph, tuple(shares), dict(program.source_layouts), list(program.steps))
+    start_sim = simulate(start, cluster, optimizer=optimizer)
+    solution = solve_shares(share_problem(start, start_sim, cluster, optimizer))
+    solved = tuple(float(x) for x in np.asarray(solution.shares).reshape(-1)[:cluster.world])
+    moved = DistProgram(program.graph, solved, dict(program.source_layouts), list(program.steps))
+    sim = simulate(moved, cluster, optimizer=optimizer)
+    if _faster(start_sim, sim):
+        moved, sim = start, start_sim
+    if not sim.memory.all_fit:
+        raise MemoryInfeasible("the program does not fit on the new cluster", {})
+    return moved, sim
+
+
+def _total_flops(cluster: Cluster) -> float:
+    return sum(d.flops("fp32") for d in cluster.devices)
+
+
+def _faster(a: SimResult, b: SimResult) -> bool:
+    """Fitting beats not fitting; then the shorter iteration."""
+    if a.memory.all_fit != b.memory.all_fit:
+        return a.memory.all_fit
+    return a.iteration_seconds < b.iteration_seconds * (1 - 1e-9)
+
+
+def searched(graph: Graph, shares: Sequence[float], cluster: Cluster, optimizer: str,
+             overlap: float) -> tuple[DistProgram, SimResult, SearchResult]:
+    """One A* search on the new cluster at ``shares`` (segments of repeated layers solved once),
+    its program re-balanced by the LP: one round of what ``hapc compile`` repeats."""
+    space = SearchSpace.build(graph, Prices(graph, cluster, tuple(shares), grad_sync_overlap=overlap))
+    result = search(space)
+    program, sim = rebalance(to_program(space, result, tuple(shares)), shares, cluster, optimizer)
+    return program, sim, result
+
+
+def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = None, effort: str = "auto",
+           progress: Progress | None = None) -> Replanned:
+    """The best plan for ``cluster`` among the old plan's program re-balanced by the LP and,
+    by ``effort``: ``"quick"`` nothing else; ``"search"`` one search on the new cluster;
+    ``"full"`` everything ``hapc compile`` tries (every round, the baselines); ``"auto"``
+    (default) searches only when the re-balanced old program lost more than the devices did
+    (see ``DEGRADED``)."""
+    if effort not in EFFORTS:
+        raise ValueError(f"unknown effort {effort!r}; expected one of {', '.join(EFFORTS)}")
+    say = progress or (lambda msg: None)
+    started = time.perf_counter()
+    optimizer = old.model.get("optimizer", "adamw")
+    graph = old.graph
+    shares = carry_shares(old.program.shares, survivors, cluster)
+    candidates: dict[str, tuple[DistProgram, SimResult]] = {}
+    carried_cost = float("inf")
+    try:
+        program, sim = rebalance(old.program, shares, cluster, optimizer)
+        candidates["kept"] = (program, sim)
+        carried_cost = sim.iteration_seconds
+        say(f"the old program re-balanced: {carried_cost * 1e3:.3f} ms/iter, shares "
+            + "/".join(f"{s:.3f}" for s in program.shares))
+    except MemoryInfeasible:
+        say("the old program does not fit on the new cluster at any shares")
+    baselines: dict[str, float] = {}
+    info: dict[str, object] = {}
+    if effort == "auto":
+        expected = old.cost * _total_flops(old.cluster) / _total_flops(cluster)
+        effort = "search" if carried_cost > expected * (1 + DEGRADED) else "quick"
+        say(f"the old program {'lost more' if effort == 'search' else 'lost no more'} than the devices did "
+            f"({carried_cost * 1e3:.3f} ms/iter against {expected * 1e3:.3f} expected): "
+            + ("searching" if effort == "search" else "no search"))
+    if effort == "search":
+        at = candidates["kept"][0].shares if "kept" in candidates else shares
+        for overlap in SEARCH_OVERLAPS:
+            program, sim, result = searched(graph, at, cluster, optimizer, overlap)
+            say(f"search on the new cluster (overlap {overlap:g}): {sim.iteration_seconds * 1e3:.3f} ms/iter")
+            if "searched" not in candidates or _faster(sim, candidates["searched"][1]):
+                candidates["searched"] = (program, sim)
+                info = {"exact": result.exact, "gap": result.gap, "segments": result.segments,
+                        "distinct_segments": result.distinct_segments, "states_expanded": result.states_expanded}
+    elif effort == "full":
+        from synth.synthesize import synthesize_program
+
+        result = synthesize_program(graph, cluster, optimizer=optimizer, progress=say)
+        candidates["searched"] = (result.best.program, result.best.sim)
+        baselines = {k: c.seconds for k, c in result.baselines.items()}
+        if result.best.search is not None:
+            s = result.best.search
+            info = {"exact": s.exact, "gap": s.gap, "segments": s.segments,
+                    "distinct_segments": s.distinct_segments, "states_expanded": s.states_expanded,
+                    "rounds": len(result.rounds)}
+    fitting = {k: v for k, v in candidates.items() if v[1].memory.all_fit}
+    if not fitting:
+        raise UserError(f"no plan fits in memory on the new cluster {cluster.name}".rstrip())
+    # Ties keep the old program: same speed, and the user already knows it.
+    chosen = min(fitting, key=lambda k: (fitting[k][1].iteration_seconds, k != "kept"))
+    program, sim = fitting[chosen]
+    name = old.name if chosen == "kept" else (result.best.name if effort == "full" else "hapc")
+    if chosen == "kept":
+        info = dict(old.search)           # the program is the old search's
+    info["replan"] = {"from": old.cluster.name or f"{old.cluster.world} devices", "kept_program": chosen == "kept",
+                      "effort": effort}
+    plan = Plan(program, cluster, sim, name, baselines, info, dict(old.model))
+    return Replanned(plan, chosen == "kept", effort, time.perf_counter() - started, old.cost, carried_cost)

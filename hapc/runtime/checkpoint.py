@@ -1,0 +1,498 @@
+"""Checkpoints that load under another plan and another world size.
+
+A plan splits each parameter (and its optimizer moments) into per-rank pieces whose lengths
+follow the devices' shares, so two plans of one model cut the same tensor in different places.
+The checkpoint therefore stores every tensor as what it is globally — a module attribute of
+the single-device model — with each rank's piece described as a chunk at a known offset of
+that global tensor, in the ``torch.distributed.checkpoint`` (DCP) format. Loading asks DCP for
+this rank's piece under the *new* plan; DCP reads the overlapping parts of the saved chunks
+(the resharding), whatever plan and world size wrote them.
+
+DCP's default planners only know plain tensors (whole), ``DTensor`` (even pieces on a mesh) and
+the deprecated ``ShardedTensor``; hapc's pieces are uneven, so :class:`_PieceSavePlanner` and
+:class:`_PieceLoadPlanner` describe them directly with ``ChunkStorageMetadata`` offsets. The
+files are standard DCP: ``torch.distributed.checkpoint.load`` or ``format_utils`` read them.
+
+What a checkpoint holds (keys in the DCP state dict):
+
+* ``model/<attr>``: parameters and buffers by module attribute (what ``model.state_dict()``
+  calls them), pieces or replicated;
+* ``optim/<attr>/<key>``: the optimizer's per-parameter state (AdamW ``exp_avg``,
+  ``exp_avg_sq`` cut like the parameter, ``step`` replicated), ``optim/param_groups``;
+* ``progress``: the training step and the data position, to resume where it stopped.
+
+Beside the DCP files, ``hapc-checkpoint.json`` (written last: its presence marks a complete
+save) names the model, lists every tensor's global shape and dtype, and holds each file's size
+and CRC-32, so a partial, corrupted or other-model checkpoint is refused with one line naming
+the file, never loaded in part. ``save`` writes ``DIR/step-NNNNNNNN/`` and then points
+``DIR/latest`` at it, so a crash during a save leaves the previous checkpoint usable.
+
+This module depends on torch only: code generation copies it beside emitted programs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import warnings
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import (
+    DefaultLoadPlanner,
+    DefaultSavePlanner,
+    create_default_local_load_plan,
+    create_default_local_save_plan,
+)
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+FORMAT = "hapc-checkpoint/1"
+MANIFEST = "hapc-checkpoint.json"
+LATEST = "latest"
+MODEL, OPTIM, PROGRESS, PARAM_GROUPS = "model/", "optim/", "progress", "optim/param_groups"
+CRC_BLOCK_BYTES = 1 << 22
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used as asked: the message is one line naming the file."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """A tensor this rank holds: its local ``tensor``, which is the block of the global tensor
+    (``global_shape``) starting at ``offsets``. A replicated tensor has zero offsets and its
+    own shape as the global one."""
+
+    tensor: torch.Tensor
+    offsets: tuple[int, ...]
+    global_shape: tuple[int, ...]
+
+    @property
+    def is_piece(self) -> bool:
+        return tuple(self.tensor.shape) != self.global_shape
+
+    def like(self, tensor: torch.Tensor) -> Held:
+        """The same placement for another tensor of this shape (an optimizer moment)."""
+        return Held(tensor, self.offsets, self.global_shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Where training stands: optimizer steps taken and global batches consumed."""
+
+    step: int
+    data_position: int
+
+
+# ---- DCP planners for uneven pieces ----------------------------------------------------------
+
+class _PieceSavePlanner(DefaultSavePlanner):
+    """DCP's default save planner, except that a piece is written as a chunk of its global
+    tensor (its offsets and the global size recorded), not as a whole tensor of its own."""
+
+    def __init__(self, pieces: Mapping[str, Held]) -> None:
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self.pieces = pieces
+
+    def create_local_plan(self) -> SavePlan:
+        plan = create_default_local_save_plan(self.state_dict, self.is_coordinator)
+        items = [self._chunk_item(self.pieces[w.index.fqn]) if w.index.fqn in self.pieces else w
+                 for w in plan.items]
+        self.plan = dataclasses.replace(plan, items=items)
+        return self.plan
+
+    def _chunk_item(self, held: Held) -> WriteItem:
+        fqn = next(k for k, h in self.pieces.items() if h is held)
+        offsets = torch.Size(held.offsets)
+        return WriteItem(index=MetadataIndex(fqn, offsets), type=WriteItemType.SHARD,
+                         tensor_data=TensorWriteData(
+                             chunk=ChunkStorageMetadata(offsets=offsets, sizes=held.tensor.size()),
+                             properties=TensorProperties.create_from_tensor(held.tensor),
+                             size=torch.Size(held.global_shape)))
+
+    def lookup_object(self, index: MetadataIndex) -> Any:
+        if index.fqn in self.pieces:
+            return self.pieces[index.fqn].tensor
+        return super().lookup_object(index)
+
+
+class _PieceLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, except that a piece asks for its block of the global tensor
+    (DCP finds the saved chunks that overlap it), and a tensor the checkpoint covers only in
+    part is an error rather than a silently partial load."""
+
+    def __init__(self, pieces: Mapping[str, Held], where: str) -> None:
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self.pieces, self.where = pieces, where
+
+    def create_local_plan(self) -> LoadPlan:
+        assert self.metadata is not None
+        saved = self.metadata.state_dict_metadata
+        requests = []
+        for fqn, obj in self.state_dict.items():
+            md = saved.get(fqn)
+            if md is None:
+                raise CheckpointError(f"{self.where}: holds no {fqn!r}")
+            held = self.pieces.get(fqn)
+            if held is None:
+                requests += create_default_local_load_plan({fqn: obj}, self.metadata, True).items
+                continue
+            if not isinstance(md, TensorStorageMetadata) or tuple(md.size) != held.global_shape:
+                got = tuple(md.size) if isinstance(md, TensorStorageMetadata) else "bytes"
+                raise CheckpointError(f"{self.where}: {fqn!r} has shape {got}, this program's is "
+                                      f"{held.global_shape}")
+            chunk = ChunkStorageMetadata(offsets=torch.Size(held.offsets), sizes=held.tensor.size())
+            reads = create_read_items_for_chunk_list(fqn, md, [chunk])
+            covered = sum(math.prod(r.lengths) for r in reads)
+            if covered != held.tensor.numel():
+                raise CheckpointError(f"{self.where}: the saved pieces of {fqn!r} cover {covered} of the "
+                                      f"{held.tensor.numel()} elements this rank needs")
+            requests += reads
+        return LoadPlan(requests)
+
+    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
+        if index.fqn in self.pieces:
+            return self.pieces[index.fqn].tensor
+        return super().lookup_tensor(index)
+
+
+# ---- what a program holds --------------------------------------------------------------------
+
+def state_dict_aliases(module: torch.nn.Module) -> dict[str, str]:
+    """``model.state_dict()`` key -> the first attribute name of the same tensor (tied weights,
+    such as an LM head sharing the token embedding, have one tensor under two keys)."""
+    first: dict[int, str] = {}
+    for name, t in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
+        first.setdefault(id(t), name)
+    return {key: first.get(id(t), key) for key, t in module.state_dict(keep_vars=True).items()}
+
+
+def model_tensors(held: Mapping[str, Held], module: torch.nn.Module) -> dict[str, Held]:
+    """Every tensor of the model state, by attribute: the program's (``held``), plus any entry
+    of ``module.state_dict()`` the program does not use (kept at its initial value, so that the
+    checkpoint holds the whole model)."""
+    out = dict(held)
+    state = module.state_dict()
+    for canonical, keys in _tied_groups(module).items():
+        if not keys & set(out):
+            t = state[min(keys)].detach()
+            out[canonical] = Held(t, (0,) * t.dim(), tuple(t.shape))
+    return out
+
+
+def _tied_groups(module: torch.nn.Module) -> dict[str, set[str]]:
+    """First attribute name of each tensor in ``model.state_dict()`` -> every name it has."""
+    groups: dict[str, set[str]] = {}
+    for key, canonical in state_dict_aliases(module).items():
+        groups.setdefault(canonical, {canonical}).add(key)
+    return groups
+
+
+def _export_names(tensors: Mapping[str, Held], module: torch.nn.Module) -> dict[str, str]:
+    """``state_dict`` key -> the ``model/`` entry that holds it (one of its tied names)."""
+    saved_keys = set(state_dict_aliases(module))
+    out = {}
+    for canonical, keys in _tied_groups(module).items():
+        stored = next((k for k in sorted(keys) if k in tensors), canonical)
+        out.update({k: stored for k in keys & saved_keys})
+    return dict(sorted(out.items()))
+
+
+def _optimizer_entries(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor],
+                       held: Mapping[str, Held]) -> dict[str, Any]:
+    """DCP entries for the optimizer: per-parameter state placed like its parameter, the
+    parameter groups (hyper-parameters, with parameters named by attribute)."""
+    name_of = {id(p): name for name, p in params.items()}
+    out: dict[str, Any] = {}
+    groups = []
+    for group in optimizer.param_groups:
+        names = [name_of[id(p)] for p in group["params"]]
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": names})
+        for p, name in zip(group["params"], names):
+            for key, value in optimizer.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor) and value.shape == p.shape and value.dim() > 0:
+                    out[f"{OPTIM}{name}/{key}"] = held[name].like(value)
+                else:
+                    out[f"{OPTIM}{name}/{key}"] = value
+    out[PARAM_GROUPS] = groups
+    return out
+
+
+def _split(entries: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Held]]:
+    """(DCP state dict, its pieces): a Held becomes its tensor in the state dict."""
+    state, pieces = {}, {}
+    for key, value in entries.items():
+        if isinstance(value, Held):
+            state[key] = value.tensor
+            if value.is_piece:
+                pieces[key] = value
+        else:
+            state[key] = value
+    return state, pieces
+
+
+# ---- save ------------------------------------------------------------------------------------
+
+def save(root: str | os.PathLike, held: Mapping[str, Held], module: torch.nn.Module,
+         optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor], progress: Progress,
+         *, model_file: str, model_kwargs: Mapping[str, Any], world: int) -> Path:
+    """Save this rank's part of a checkpoint (every rank calls it) to ``root/step-NNNNNNNN``;
+    returns that directory. ``held``: the program's parameters and buffers by attribute;
+    ``params``: attribute -> the tensor the optimizer steps."""
+    directory = Path(root) / f"step-{progress.step:08d}"
+    tensors = model_tensors(held, module)
+    entries: dict[str, Any] = {f"{MODEL}{k}": h for k, h in tensors.items()}
+    entries.update(_optimizer_entries(optimizer, params, tensors))
+    entries[PROGRESS] = dataclasses.asdict(progress)
+    state, pieces = _split(entries)
+    rank = _rank()
+    if rank == 0 and directory.exists():
+        shutil.rmtree(directory)     # rewriting a step (maybe from another world size): start clean
+    _barrier()
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(directory), planner=_PieceSavePlanner(pieces))
+    _barrier()
+    if rank == 0:
+        manifest = {
+            "format": FORMAT,
+            "model_file": model_file,
+            "model_kwargs": dict(model_kwargs),
+            "world": world,
+            "progress": dataclasses.asdict(progress),
+            "tensors": {k: {"shape": list(h.global_shape), "dtype": str(h.tensor.dtype).removeprefix("torch.")}
+                        for k, h in sorted(tensors.items())},
+            "state_dict": _export_names(tensors, module),
+            "files": {p.name: {"bytes": p.stat().st_size, "crc32": _crc32(p)}
+                      for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST},
+        }
+        _write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n")
+        _write_atomic(Path(root) / LATEST, directory.name + "\n")
+    _barrier()
+    return directory
+
+
+# ---- load ------------------------------------------------------------------------------------
+
+def resolve(path: str | os.PathLike) -> Path:
+    """The checkpoint directory ``path`` names: itself, or the one its ``latest`` points at."""
+    path = Path(path)
+    if (path / MANIFEST).exists():
+        return path
+    if (path / LATEST).is_file():
+        target = path / (path / LATEST).read_text().strip()
+        if not (target / MANIFEST).exists():
+            raise CheckpointError(f"{target / MANIFEST}: missing (named by {path / LATEST}): the save did not finish")
+        return target
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint directory")
+    if (path / ".metadata").exists():
+        raise CheckpointError(f"{path / MANIFEST}: missing: an unfinished save, or not a hapc checkpoint")
+    raise CheckpointError(f"{path}: not a checkpoint (no {MANIFEST} and no {LATEST} file)")
+
+
+def read_manifest(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
+    """(checkpoint directory, its manifest), every file checked against its size and CRC-32."""
+    directory = resolve(path)
+    file = directory / MANIFEST
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{file}: unreadable ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{file}: not a hapc checkpoint manifest (format should be {FORMAT!r})")
+    for name, want in sorted(manifest.get("files", {}).items()):
+        p = directory / name
+        if not p.is_file():
+            raise CheckpointError(f"{p}: missing: the checkpoint is incomplete")
+        size = p.stat().st_size
+        if size != want["bytes"]:
+            raise CheckpointError(f"{p}: {size} bytes, the save wrote {want['bytes']}: truncated or partial")
+        if _crc32(p) != want["crc32"]:
+            raise CheckpointError(f"{p}: checksum mismatch: the file is corrupted")
+    return directory, manifest
+
+
+def check_model(manifest: Mapping[str, Any], tensors: Mapping[str, Held], where: Path) -> None:
+    """Refuse a checkpoint of another model: the same attributes with the same global shapes."""
+    saved = manifest.get("tensors", {})
+    mine = {k: list(h.global_shape) for k, h in tensors.items()}
+    missing = sorted(set(mine) - set(saved))
+    extra = sorted(set(saved) - set(mine))
+    if missing or extra:
+        what = f"has no {missing[0]!r}" if missing else f"has {extra[0]!r}, which this model lacks"
+        raise CheckpointError(f"{where}: a checkpoint of another model ({manifest.get('model_file')}): it {what} "
+                              f"({len(missing)} missing, {len(extra)} extra)")
+    for key in sorted(mine):
+        if saved[key]["shape"] != mine[key]:
+            raise CheckpointError(f"{where}: a checkpoint of another model ({manifest.get('model_file')}): "
+                                  f"{key!r} is {tuple(saved[key]['shape'])} there, {tuple(mine[key])} here")
+
+
+def load(path: str | os.PathLike, held: Mapping[str, Held], module: torch.nn.Module,
+         optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor]) -> Progress:
+    """Load a checkpoint saved under any plan and world size into this rank's pieces (every
+    rank calls it): parameters and buffers in place, the optimizer's state through
+    ``load_state_dict``. Returns where training stood. Raises :class:`CheckpointError` (the
+    same on every rank) before anything is changed when the checkpoint is unusable."""
+    tensors = model_tensors(held, module)
+    error, directory = None, None
+    if _rank() == 0:
+        try:
+            directory, manifest = read_manifest(path)
+            check_model(manifest, tensors, directory / MANIFEST)
+        except CheckpointError as exc:
+            error = str(exc)
+    error, directory = _from_rank0((error, directory))
+    if error is not None:
+        raise CheckpointError(error)
+    reader = dcp.FileSystemReader(directory)
+    metadata = reader.read_metadata()
+    # Loaded into fresh tensors first, copied in only once everything has been read.
+    entries: dict[str, Any] = {f"{MODEL}{k}": h.like(torch.empty_like(h.tensor)) for k, h in tensors.items()}
+    entries.update(_optimizer_slots(metadata.state_dict_metadata, tensors, directory))
+    entries[PROGRESS] = None
+    state, pieces = _split(entries)
+    try:
+        dcp.load(state, storage_reader=reader, planner=_PieceLoadPlanner(pieces, str(directory)))
+    except CheckpointError:
+        raise
+    except Exception as exc:       # DCP wraps per-rank failures; keep it to one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{directory}: cannot be read ({type(exc).__name__}: {first})") from None
+    optimizer_state = _optimizer_state(optimizer, params, state, directory)   # checked before anything changes
+    with torch.no_grad():
+        for key, h in tensors.items():
+            if key in held:
+                held[key].tensor.copy_(state[f"{MODEL}{key}"])
+    optimizer.load_state_dict(optimizer_state)
+    progress = state[PROGRESS]
+    return Progress(int(progress["step"]), int(progress["data_position"]))
+
+
+def _optimizer_slots(saved: Mapping[str, Any], tensors: Mapping[str, Held], where: Path) -> dict[str, Any]:
+    """Empty places for the saved optimizer entries, each placed like its parameter when it
+    has the parameter's global shape."""
+    out: dict[str, Any] = {}
+    for key, md in saved.items():
+        if not key.startswith(OPTIM):
+            continue
+        if key == PARAM_GROUPS:
+            out[key] = None
+            continue
+        name = key[len(OPTIM):].rsplit("/", 1)[0]
+        if name not in tensors:
+            raise CheckpointError(f"{where}: optimizer state for {name!r}, which this model lacks")
+        if isinstance(md, BytesStorageMetadata):
+            out[key] = None
+        elif tuple(md.size) == tensors[name].global_shape and len(md.size) > 0:
+            h = tensors[name]
+            out[key] = h.like(torch.empty(h.tensor.shape, dtype=md.properties.dtype, device=h.tensor.device))
+        else:
+            out[key] = Held(torch.empty(tuple(md.size), dtype=md.properties.dtype), (0,) * len(md.size),
+                            tuple(md.size))
+    return out
+
+
+def _optimizer_state(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor],
+                     state: Mapping[str, Any], where: Path) -> dict[str, Any]:
+    """The loaded entries as ``optimizer.state_dict()`` of this program's optimizer, checked to
+    be for the same optimizer and parameters."""
+    name_of = {id(p): name for name, p in params.items()}
+    index: dict[str, int] = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            index[name_of[id(p)]] = len(index)
+    current = optimizer.state_dict()
+    saved_groups = state.get(PARAM_GROUPS) or []
+    if len(saved_groups) != len(current["param_groups"]):
+        raise CheckpointError(f"{where}: {len(saved_groups)} optimizer parameter groups, this program has "
+                              f"{len(current['param_groups'])}")
+    groups = []
+    for saved, now in zip(saved_groups, current["param_groups"]):
+        if sorted(saved["params"]) != sorted(name_of[id(p)] for p in _group_params(optimizer, now)):
+            raise CheckpointError(f"{where}: the optimizer's parameter groups hold other parameters")
+        if set(saved) != set(now):
+            raise CheckpointError(f"{where}: saved by another optimizer (settings {sorted(set(saved) - {'params'})}, "
+                                  f"this one has {sorted(set(now) - {'params'})})")
+        groups.append({**saved, "params": [index[n] for n in saved["params"]]})
+    per_param: dict[int, dict[str, Any]] = {}
+    for key, value in state.items():
+        if key.startswith(OPTIM) and key != PARAM_GROUPS:
+            name, entry = key[len(OPTIM):].rsplit("/", 1)
+            per_param.setdefault(index[name], {})[entry] = value
+    return {"state": per_param, "param_groups": groups}
+
+
+def _group_params(optimizer: torch.optim.Optimizer, group_state: Mapping[str, Any]) -> list[torch.Tensor]:
+    """The parameters of a group of ``optimizer.state_dict()`` (which lists indices)."""
+    flat = [p for g in optimizer.param_groups for p in g["params"]]
+    return [flat[i] for i in group_state["params"]]
+
+
+# ---- a single-device state_dict from a checkpoint ---------------------------------------------
+
+def export_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The model's whole tensors, keyed as ``model.state_dict()``, from a checkpoint of any plan
+    (no process group needed)."""
+    directory, manifest = read_manifest(path)
+    state = {f"{MODEL}{k}": torch.empty(tuple(v["shape"]), dtype=getattr(torch, v["dtype"]))
+             for k, v in manifest["tensors"].items()}
+    try:
+        with warnings.catch_warnings():        # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, storage_reader=dcp.FileSystemReader(directory),
+                     planner=_PieceLoadPlanner({}, str(directory)), no_dist=True)
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{directory}: cannot be read ({type(exc).__name__}: {first})") from None
+    return {key: state[f"{MODEL}{held}"] for key, held in manifest["state_dict"].items()}
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(CRC_BLOCK_BYTES):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _from_rank0(value: Any) -> Any:
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
