@@ -333,6 +333,9 @@ def render(res: dict[str, Any]) -> str:
              "computed within one run."), "", machine_line(res), ""]
     lines += headlines(res) + synthesis_section(res) + compile_section(res) + quality_section(res)
     lines += runtime_section(res) + gpu_section(res)
+    from bench.pipeline import render_section as pipeline_section
+
+    lines += pipeline_section(res)
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -17,7 +17,7 @@ import time
 
 from bench.common import ROOT
 
-SECTIONS = ("synthesis", "compile_time", "quality", "runtime")
+SECTIONS = ("synthesis", "compile_time", "quality", "runtime", "pipeline")
 QUICK_ARGS = {"synthesis": ["--quick"], "compile_time": ["--repeats", "1"],
               "runtime": ["--launches", "1", "--steps", "6", "--no-calibration"]}
 

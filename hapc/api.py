@@ -40,20 +40,29 @@ def synthesize(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] |
                cluster: str | Mapping[str, Any] | Cluster, *, time_budget: float | None = None,
                optimizer: str = "adamw", backend: str = "highs", model_file: str | None = None,
                model_kwargs: Mapping[str, Any] | None = None,
-               progress: Callable[[str], None] | None = None, precision: str = "fp32") -> Plan:
+               progress: Callable[[str], None] | None = None, precision: str = "fp32",
+               stages: int | str | None = None, microbatches: int | None = None,
+               schedule: str | None = None) -> Plan:
     """Search for the fastest SPMD program of ``model(*inputs)`` (a scalar loss) on ``cluster``.
 
     ``time_budget`` (seconds) bounds the search; the plan then says how far from proven
     optimal it may be. ``model_file``/``model_kwargs`` let ``plan.emit`` rebuild the model.
     ``precision`` is ``"fp32"`` or ``"bf16"`` (autocast with float32 master weights; the
     search prices the graph as autocast runs it, see :mod:`hapc.ir.precision`).
+    ``stages="auto"`` also searches pipelines (stages on device groups, each with its own
+    SPMD program; see :mod:`synth.stages`) and keeps one when it is predicted faster; an
+    integer forces that many stages, ``microbatches``/``schedule`` ("1f1b", "gpipe") force
+    those. Pipelined plans cannot be emitted yet.
     """
     from synth.synthesize import synthesize_program
 
     numerics = _precision(precision)
     traced = _traced(model, inputs)
     cl = load_cluster(cluster)
-    result = synthesize_program(autocast_graph(traced.graph, numerics.name), cl, time_budget=time_budget, optimizer=optimizer,
+    if stages is not None:
+        _check_stage_options(traced, stages, microbatches, schedule)      # before any search
+    graph = autocast_graph(traced.graph, numerics.name)
+    result = synthesize_program(graph, cl, time_budget=time_budget, optimizer=optimizer,
                                 backend=backend, progress=progress)
     best = result.best
     search = {}
@@ -61,9 +70,50 @@ def synthesize(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] |
         search = {"exact": best.search.exact, "gap": best.search.gap, "segments": best.search.segments,
                   "distinct_segments": best.search.distinct_segments,
                   "states_expanded": best.search.states_expanded, "rounds": len(result.rounds)}
-    return Plan(best.program, cl, best.sim, best.name,
-                {k: c.seconds for k, c in result.baselines.items()}, search,
-                _model_info(model_file, model_kwargs, optimizer), _assumed(numerics, cl))
+    baselines = {k: c.seconds for k, c in result.baselines.items()}
+    pipeline = None
+    if stages is not None and stages != 1:
+        pipeline = _pipeline(graph, cl, stages, microbatches, schedule, optimizer, baselines, progress)
+        if pipeline is not None and stages == "auto" and pipeline.iteration_seconds >= best.seconds:
+            pipeline = None        # one stage over all devices is still the fastest
+    return Plan(best.program, cl, best.sim, "hapc" if pipeline is not None else best.name, baselines, search,
+                _model_info(model_file, model_kwargs, optimizer), _assumed(numerics, cl), pipeline)
+
+
+def _check_stage_options(traced: Traced, stages: int | str, microbatches: int | None,
+                         schedule: str | None) -> None:
+    """One-line errors for stage options that cannot work, each naming the number."""
+    from hapc.errors import UserError
+    from synth.stages import SCHEDULES, batch_size
+
+    if stages != "auto" and (isinstance(stages, bool) or not isinstance(stages, int) or stages < 1):
+        raise UserError(f"--stages {stages}: expected a positive number of stages or 'auto'")
+    if microbatches is not None and microbatches < 1:
+        raise UserError(f"--microbatches {microbatches}: expected a positive number")
+    if microbatches is not None and microbatches > batch_size(traced.graph):
+        raise UserError(f"--microbatches {microbatches} is more than the batch of {batch_size(traced.graph)} samples")
+    if schedule is not None and schedule not in SCHEDULES:
+        raise UserError(f"--schedule {schedule}: expected one of {', '.join(SCHEDULES)}")
+
+
+def _pipeline(graph, cluster: Cluster, stages: int | str, microbatches: int | None,
+              schedule: str | None, optimizer: str, baselines: dict[str, float], progress):
+    """The best pipeline (None if none fits) and, as a side effect, the pipeline-even baseline."""
+    from hapc.errors import UserError
+    from synth.stages import StagePlanner, pipeline_even
+
+    planner = StagePlanner(graph, cluster, optimizer=optimizer, progress=progress)
+    even = pipeline_even(planner)
+    if even is not None:
+        baselines["pipeline-even"] = float(even.iteration_seconds)
+    forced = None if stages == "auto" else int(stages)
+    pipe = planner.plan(stages=forced, microbatches=microbatches, schedule=schedule)
+    unforced = forced is None and microbatches is None and schedule is None
+    if even is not None and unforced and (pipe is None or even.iteration_seconds < pipe.iteration_seconds):
+        pipe = even            # never worse than the pipeline-even baseline
+    if pipe is None and forced is not None:
+        raise UserError(f"--stages {forced}: no {forced}-stage pipeline fits in memory on this cluster")
+    return pipe
 
 
 def baseline(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] | None,

@@ -49,6 +49,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     _check_precision(args.precision)
     cluster = load_cluster(args.cluster)          # bad cluster files fail before any work
+    stages = _stages_arg(args.stages)
     overrides = parse_overrides(args.set)
     mf = load_model_file(args.model, overrides)
     with _transient(f"tracing {args.model}", quiet=getattr(args, "quiet", False)):
@@ -59,13 +60,14 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     say(f"{len(traced.graph.nodes)} nodes traced in {traced.seconds:.1f} s; searching")
     plan = synthesize(traced, None, cluster, time_budget=args.time_budget, optimizer=args.optimizer,
                       model_file=str(Path(args.model).resolve()), model_kwargs=overrides, progress=say,
-                      precision=args.precision)
+                      precision=args.precision, stages=stages, microbatches=args.microbatches,
+                      schedule=args.schedule)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     plan.save(out / "plan.json")
     write_report(plan, out)
     emitted = ""
-    if not args.no_emit:
+    if not args.no_emit and plan.pipeline is None:
         try:
             emitted = str(plan.emit(out, constants=traced.constants))
         except ImportError:
@@ -74,8 +76,25 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     wrote = ["plan.json", "report.md"] + (["program.py"] if emitted else [])
     print(f"wrote {', '.join(str(out / w) for w in wrote)} in {time.perf_counter() - started:.1f} s")
     if emitted:
-        print(f"run it: torchrun --nproc_per_node={cluster.world} {out / 'program.py'} --device cpu --verify")
+        from hapc.launch import launch_lines
+
+        lines = launch_lines(cluster, str(out / "program.py"))
+        print("run it: " + lines[0] if len(lines) == 1 else "run it, one line per node (NODE0_ADDRESS: node 0's "
+              "address; every node may also be this host):\n  " + "\n  ".join(lines))
+    elif plan.pipeline is not None and not args.no_emit:
+        print(f"note: program.py not written: this plan has {len(plan.pipeline.stages)} pipeline stages and hapc "
+              "cannot emit pipelined programs yet (compile without --stages for a one-stage program)")
     return 0
+
+
+def _stages_arg(value: str | None) -> int | str | None:
+    """``--stages auto`` or a positive count (validated by the planner, which names the number)."""
+    if value is None or value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"--stages {value}: expected a number of pipeline stages or 'auto'") from None
 
 
 @contextlib.contextmanager
@@ -126,6 +145,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
     plan = Plan.load(args.plan)
     sim = plan.simulate(args.cluster)
+    if plan.pipeline is not None:
+        from hapc.pipeline_report import resimulate_lines
+
+        print("\n".join(resimulate_lines(plan, sim.cluster)))
+        return 0
     print(sim.table())
     return 0
 
@@ -146,7 +170,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if plan.graph.hash() != golden.graph.hash():
         print(f"hapc check: the plans are for different graphs ({plan.graph.hash()} vs {golden.graph.hash()})")
         return 1
-    if not plan.sim.memory.all_fit:
+    if not plan.fits:
         print("hapc check: FAILED: the plan does not fit in memory")
         return 1
     limit = golden.cost * (1 + args.tolerance)
@@ -330,6 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--precision", default="fp32", metavar="fp32|bf16",
                       help="fp32, or bf16: autocast forward with fp32 master weights, priced at the bf16 peak")
     comp.add_argument("--no-emit", action="store_true", help="write the plan and report only")
+    comp.add_argument("--stages", default=None, metavar="N|auto",
+                      help="also search pipeline stages on device groups ('auto'), or force N stages")
+    comp.add_argument("--microbatches", type=int, default=None, metavar="M",
+                      help="pipeline micro-batches per iteration (default: searched)")
+    comp.add_argument("--schedule", default=None, choices=("1f1b", "gpipe"),
+                      help="pipeline schedule (default: searched; 1f1b unless GPipe fits and is faster)")
     comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     comp.set_defaults(func=_cmd_compile)
 

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 
 
 def explain(plan: Plan, limit: int | None = None) -> str:
+    if plan.pipeline is not None:
+        from hapc.pipeline_report import explain_pipeline
+
+        return explain_pipeline(plan, limit)
     sim = plan.sim
     spent: dict[tuple[str, str], float] = defaultdict(float)
     variant: dict[str, str] = {}

@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from costmodel.cluster import Cluster, load_cluster
 from costmodel.simulator import SimResult, simulate
@@ -21,6 +21,9 @@ from hapc.ir.graph import Graph
 from hapc.ir.layout import parse_layout
 from hapc.ir.precision import Precision
 from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
+
+if TYPE_CHECKING:
+    from synth.stages import Pipeline, Stage
 
 FORMAT = "hapc-plan/1"
 
@@ -35,22 +38,56 @@ class Plan:
     search: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)         # file, kwargs, optimizer
     precision: Precision = field(default_factory=Precision)     # dtypes, TF32, gradient reduction
+    # Pipeline stages (issue 12); None for a one-stage plan over all devices, whose program is
+    # ``program``. A pipelined plan keeps the best one-stage program in ``program`` and ``sim``
+    # for comparison; its cost, memory and shares come from the stages.
+    pipeline: Pipeline | None = None
 
     # ---- the contract's properties ---------------------------------------------------------
     @property
     def cost(self) -> float:
         """Predicted seconds per iteration."""
+        if self.pipeline is not None:
+            return float(self.pipeline.iteration_seconds)
         return self.sim.iteration_seconds
 
     @property
     def ratios(self) -> list[float]:
-        """Per-device shares of the sharded work, in cluster order."""
-        return list(self.program.shares)
+        """Per-device shares of the sharded work, in cluster order (for a pipelined plan, each
+        device's share inside its stage's group; 0 for a device no stage uses)."""
+        if self.pipeline is None:
+            return list(self.program.shares)
+        out = [0.0] * self.cluster.world
+        for st in self.pipeline.stages:
+            for r, share in zip(st.ranks, st.program.shares):
+                out[r] = float(share)
+        return out
 
     @property
     def memory(self) -> list[float]:
         """Predicted peak bytes per device, in cluster order."""
-        return list(self.sim.memory.totals)
+        if self.pipeline is None:
+            return list(self.sim.memory.totals)
+        out = [0.0] * self.cluster.world
+        for st, mem in zip(self.pipeline.stages, self.pipeline.cost.stage_memory_bytes):
+            for r, b in zip(st.ranks, mem):
+                out[r] = float(b)
+        return out
+
+    @property
+    def stages(self) -> list[Stage]:
+        """The pipeline stages; a one-stage plan has one stage over all devices."""
+        from synth.stages import Stage
+
+        if self.pipeline is not None:
+            return list(self.pipeline.stages)
+        return [Stage(0, len(self.graph.nodes), tuple(range(self.cluster.world)), self.program, None)]
+
+    @property
+    def fits(self) -> bool:
+        if self.pipeline is None:
+            return self.sim.memory.all_fit
+        return all(b <= d.memory_bytes for b, d in zip(self.memory, self.cluster.devices))
 
     @property
     def graph(self) -> Graph:
@@ -96,26 +133,18 @@ class Plan:
         return plan_html(self)
 
     def __repr__(self) -> str:
-        return (f"Plan({self.name}: {self.cost * 1e3:.3f} ms/iter on {self.cluster.world} devices, "
+        staged = f" in {len(self.pipeline.stages)} pipeline stages" if self.pipeline is not None else ""
+        return (f"Plan({self.name}: {self.cost * 1e3:.3f} ms/iter on {self.cluster.world} devices{staged}, "
                 f"lower bound {self.lower_bound * 1e3:.3f} ms)")
 
     # ---- files -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        steps: list[dict[str, Any]] = []
-        for s in self.program.steps:
-            if isinstance(s, Compute):
-                steps.append({"compute": s.node, "inputs": [repr(x) for x in s.strategy.inputs],
-                              "outputs": [repr(x) for x in s.strategy.outputs], "local": s.strategy.local,
-                              "rescale": list(s.strategy.rescale) if s.strategy.rescale else None,
-                              "reads": list(s.inputs)})
-            else:
-                steps.append({"redistribute": s.src, "out": s.out, "from": repr(s.src_layout),
-                              "to": repr(s.dst_layout), "method": s.method})
+        steps = _steps_to_dict(self.program)
         sim = self.sim
         cluster = self.cluster.to_dict()
         if self.cluster.op_table is not None:     # the measured times this plan was priced with
             cluster["measured_ops"] = self.cluster.op_table.restricted_to(self.graph).to_dict()
-        return _canonical({
+        out = _canonical({
             "format": FORMAT,
             "name": self.name,
             "model": self.model,
@@ -135,6 +164,12 @@ class Plan:
             "precision": self.precision.to_dict(),
             "graph": self.graph.to_dict(),
         })
+        if self.pipeline is not None:
+            out["pipeline"] = _canonical(_pipeline_to_dict(self.pipeline, self.graph))
+            out["predicted"]["one_stage_seconds"] = out["predicted"]["iteration_seconds"]
+            out["predicted"]["iteration_seconds"] = _canonical(self.cost)
+            out["predicted"]["memory_bytes"] = _canonical(self.memory)
+        return out
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), sort_keys=True, indent=1) + "\n")
@@ -155,21 +190,14 @@ class Plan:
     def from_dict(data: dict[str, Any]) -> Plan:
         graph = Graph.from_dict(data["graph"])
         cluster = load_cluster(data["cluster"])
-        program = DistProgram(graph, tuple(data["shares"]),
-                              {k: parse_layout(v) for k, v in data["source_layouts"].items()})
-        for s in data["steps"]:
-            if "compute" in s:
-                strat = Strategy(tuple(parse_layout(x) for x in s["inputs"]),
-                                 tuple(parse_layout(x) for x in s["outputs"]), s["local"],
-                                 tuple(s["rescale"]) if s["rescale"] else None)
-                program.steps.append(Compute(s["compute"], strat, tuple(s["reads"])))
-            else:
-                program.steps.append(Redistribute(s["redistribute"], s["out"], parse_layout(s["from"]),
-                                                  parse_layout(s["to"]), s["method"]))
+        program = _program_from_dict(graph, data)
         model = data.get("model", {})
         sim = simulate(program, cluster, optimizer=model.get("optimizer", "adamw"))
+        pipeline = None
+        if "pipeline" in data:
+            pipeline = _pipeline_from_dict(data["pipeline"], graph, cluster, model.get("optimizer", "adamw"))
         return Plan(program, cluster, sim, data.get("name", "hapc"), dict(data.get("baselines", {})),
-                    dict(data.get("search", {})), model, Precision.from_dict(data.get("precision")))
+                    dict(data.get("search", {})), model, Precision.from_dict(data.get("precision")), pipeline)
 
     def emit(self, out_dir: str | Path, constants: dict | None = None) -> Path:
         """Write ``out_dir/program.py`` (and the model file beside it); see :mod:`hapc.codegen`.
@@ -178,6 +206,9 @@ class Plan:
         without them the program recovers them from the model at start-up."""
         from hapc.codegen import emit
 
+        if self.pipeline is not None:
+            raise UserError(f"this plan has {len(self.pipeline.stages)} pipeline stages and hapc cannot emit "
+                            "pipelined programs yet; plan without --stages for a one-stage program")
         if not self.model.get("file"):
             raise UserError("this plan has no model file to emit a program for (plan a model file)")
         out = Path(out_dir)
@@ -185,6 +216,66 @@ class Plan:
         return Path(emit(self.program, self.model["file"], str(out), model_kwargs=self.model.get("kwargs", {}),
                          optimizer=self.model.get("optimizer", "adamw"), plan_summary=self.summary(),
                          cluster=self.cluster, constants=constants, precision=self.precision))
+
+
+def _steps_to_dict(program: DistProgram) -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = []
+    for s in program.steps:
+        if isinstance(s, Compute):
+            steps.append({"compute": s.node, "inputs": [repr(x) for x in s.strategy.inputs],
+                          "outputs": [repr(x) for x in s.strategy.outputs], "local": s.strategy.local,
+                          "rescale": list(s.strategy.rescale) if s.strategy.rescale else None,
+                          "reads": list(s.inputs)})
+        else:
+            steps.append({"redistribute": s.src, "out": s.out, "from": repr(s.src_layout),
+                          "to": repr(s.dst_layout), "method": s.method})
+    return steps
+
+
+def _program_from_dict(graph: Graph, data: dict[str, Any]) -> DistProgram:
+    """A program from its ``shares``, ``source_layouts`` and ``steps`` entries."""
+    program = DistProgram(graph, tuple(data["shares"]),
+                          {k: parse_layout(v) for k, v in data["source_layouts"].items()})
+    for s in data["steps"]:
+        if "compute" in s:
+            strat = Strategy(tuple(parse_layout(x) for x in s["inputs"]),
+                             tuple(parse_layout(x) for x in s["outputs"]), s["local"],
+                             tuple(s["rescale"]) if s["rescale"] else None)
+            program.steps.append(Compute(s["compute"], strat, tuple(s["reads"])))
+        else:
+            program.steps.append(Redistribute(s["redistribute"], s["out"], parse_layout(s["from"]),
+                                              parse_layout(s["to"]), s["method"]))
+    return program
+
+
+def _pipeline_to_dict(pipeline: Pipeline, graph: Graph) -> dict[str, Any]:
+    """Stages with their node range (and names, for readers), group ranks and group program;
+    the predicted figures are there for readers and recomputed on load."""
+    stages = []
+    for st, end, mem in zip(pipeline.stages, pipeline.cost.stage_end_seconds, pipeline.cost.stage_memory_bytes):
+        stages.append({
+            "first_node": st.first_node, "stop_node": st.stop_node,
+            "first_node_name": graph.nodes[st.first_node].name, "last_node_name": graph.nodes[st.stop_node - 1].name,
+            "ranks": list(st.ranks), "shares": list(st.program.shares),
+            "source_layouts": {k: repr(v) for k, v in sorted(st.program.source_layouts.items())},
+            "steps": _steps_to_dict(st.program),
+            "predicted": {"fwd_seconds_per_microbatch": st.cost.fwd_seconds if st.cost else 0.0,
+                          "bwd_seconds_per_microbatch": st.cost.bwd_seconds if st.cost else 0.0,
+                          "end_seconds": end, "memory_bytes": list(mem)},
+        })
+    return {"microbatches": pipeline.microbatches, "schedule": pipeline.schedule, "stages": stages,
+            "bubble_fraction": pipeline.cost.bubble_fraction,
+            "search": {k: v for k, v in pipeline.search.items() if k != "seconds"}}   # no clock in the file
+
+
+def _pipeline_from_dict(data: dict[str, Any], graph: Graph, cluster: Cluster, optimizer: str) -> Pipeline:
+    from synth.stages import price_stages
+
+    specs = [(st["first_node"], st["stop_node"], tuple(st["ranks"]), _program_from_dict(graph, st))
+             for st in data["stages"]]
+    pipe = price_stages(graph, cluster, specs, int(data["microbatches"]), data["schedule"], optimizer)
+    pipe.search = dict(data.get("search", {}))
+    return pipe
 
 
 def _canonical(obj: Any) -> Any:

@@ -26,7 +26,12 @@ def summary_text(plan: Plan) -> str:
     if plan.baselines:
         parts = [f"{k} {v * ms:.3f} ms ({v / plan.cost:.2f}x)" for k, v in sorted(plan.baselines.items())]
         lines.append("baselines (speed-up of this plan): " + ", ".join(parts))
+    from hapc.pipeline_report import pipeline_lines
+
+    if plan.pipeline is not None:
+        lines.append("the best one-stage plan over all devices, for comparison:")
     lines.append(sim.table())
+    lines += pipeline_lines(plan)
     if plan.search and "segments" in plan.search:      # a baseline, or a replan that kept one, has none
         s = plan.search
         lines.append(f"search: {'optimal under the search cost model' if s.get('exact') else 'time budget hit'}"
@@ -90,18 +95,27 @@ def _chart(plan: Plan, path: Path | BinaryIO) -> bool:
     sim = plan.sim
     ranks = list(range(plan.cluster.world))
     labels = [f"{r}:{d.type}" for r, d in zip(ranks, plan.cluster.devices)]
+    if plan.pipeline is not None:      # name each device's pipeline stage; memory is the stage's
+        stage_of = {r: k for k, st in enumerate(plan.pipeline.stages) for r in st.ranks}
+        labels = [f"{label} stage {stage_of[r]}" if r in stage_of else f"{label} idle"
+                  for r, label in zip(ranks, labels)]
     fig = Figure(figsize=(max(8, 0.5 * len(ranks) + 4), 4))
     ax_t, ax_m = fig.subplots(1, 2)
     ms = [x * 1e3 for x in sim.compute_seconds]
     cm = [x * 1e3 for x in sim.comm_seconds]
     idle = [x * 1e3 for x in sim.idle_seconds]
-    ax_t.bar(ranks, ms, label="compute")
-    ax_t.bar(ranks, cm, bottom=ms, label="communication")
-    ax_t.bar(ranks, idle, bottom=[a + b for a, b in zip(ms, cm)], label="idle")
+    if plan.pipeline is not None:
+        from hapc.pipeline_report import stage_time_split
+
+        ms, cm, idle = stage_time_split(plan)
+    ax_t.bar(ranks, ms, label="compute" if plan.pipeline is None else "stage work (all micro-batches)")
+    ax_t.bar(ranks, cm, bottom=ms, label="communication" if plan.pipeline is None else "gradient sync + optimizer")
+    ax_t.bar(ranks, idle, bottom=[a + b for a, b in zip(ms, cm)],
+             label="idle" if plan.pipeline is None else "idle (bubble)")
     ax_t.set_ylabel("ms per iteration")
-    ax_t.set_title("time per device")
+    ax_t.set_title("time per device" if plan.pipeline is None else "time per device by pipeline stage")
     ax_t.legend(fontsize=8)
-    ax_m.bar(ranks, [b / 1e9 for b in sim.memory.totals], label="predicted peak")
+    ax_m.bar(ranks, [b / 1e9 for b in plan.memory], label="predicted peak")
     ax_m.plot(ranks, [d.memory_bytes / 1e9 for d in plan.cluster.devices], "r_", markersize=20, label="capacity")
     ax_m.set_ylabel("GB")
     ax_m.set_title("memory per device")

@@ -167,8 +167,18 @@ def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: 
         "# Replicated trainable parameters, in the order their gradients become ready in",
         "# backward: their gradients are all-reduced in buckets in this order.",
         _tuple("GRAD_SYNC_ORDER: tuple[str, ...]", _grad_sync_order(program)),
+        "",
+        "# Ranks per node, in the cluster file's order (a multi-node launch is checked against it).",
+        f"NODE_SIZES: tuple[int, ...] = {_node_sizes(program, cluster)!r}",
     ]
     return "\n".join(lines)
+
+
+def _node_sizes(program: DistProgram, cluster: Any) -> tuple[int, ...]:
+    """Devices per node of the plan's cluster (issue 12: one torchrun line per node)."""
+    if cluster is None or cluster.world != program.world:
+        return (program.world,)
+    return tuple(len(h.devices) for h in cluster.nodes)
 
 
 def _precision_tables(precision: Any) -> str:

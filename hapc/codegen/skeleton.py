@@ -63,6 +63,7 @@ INPUTS: tuple[str, ...] = ()
 SHARDS: dict[str, tuple[int, tuple[int, ...]]] = {}
 LOCAL_CALLS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]] = {}
 GRAD_SYNC_ORDER: tuple[str, ...] = ()
+NODE_SIZES: tuple[int, ...] = (1,)
 PRECISION = "fp32"
 ALLOW_TF32 = False
 
@@ -385,6 +386,41 @@ def verify(trainer: Trainer, loss: torch.Tensor, batch: Sequence[torch.Tensor]) 
     return bool(verdict[0].item())
 
 
+# ---- launching across nodes (issue 12) ----------------------------------------------------------
+
+def launch_lines(program: str = sys.argv[0]) -> list[str]:
+    """The torchrun lines for this plan's cluster: one per node, in the cluster file's order
+    (torchrun numbers ranks node by node, so each rank lands on the device the plan gave it)."""
+    if len(NODE_SIZES) == 1:
+        return [f"torchrun --nproc_per_node={WORLD} {program}"]
+    return [f"torchrun --nnodes={len(NODE_SIZES)} --node_rank={i} --nproc_per_node={k} "
+            f"--master_addr=NODE0_ADDRESS --master_port=29500 {program}   # on node {i}"
+            for i, k in enumerate(NODE_SIZES)]
+
+
+def node_mismatch(env: dict[str, str] | None = None) -> str | None:
+    """Under a multi-node torchrun launch, a one-line reason when this rank is not on the node
+    the plan put it on (another node count, or another number of ranks on this node); None if
+    it is. One launcher running every rank (the cluster emulated on one host) is accepted."""
+    env = dict(os.environ if env is None else env)
+    nodes = int(env.get("GROUP_WORLD_SIZE", "1"))
+    if nodes <= 1:
+        return None
+    if nodes != len(NODE_SIZES):
+        return (f"launched on {nodes} nodes but the plan's cluster has {len(NODE_SIZES)} "
+                f"(ranks per node {list(NODE_SIZES)}): {launch_lines()[0]} ...")
+    rank, node, local = int(env["RANK"]), int(env.get("GROUP_RANK", "0")), int(env.get("LOCAL_WORLD_SIZE", "0"))
+    first = 0
+    for want, size in enumerate(NODE_SIZES):
+        if rank < first + size:
+            break
+        first += size
+    if node != want or local != NODE_SIZES[node]:
+        return (f"rank {rank} runs on node {node} with {local} ranks there, but the plan puts it on node {want} "
+                f"with {NODE_SIZES[want]}: launch node i with --node_rank=i --nproc_per_node=<its device count>")
+    return None
+
+
 # ---- checkpoints (hapc_checkpoint.py): save under this plan, load under any -----------------
 
 def _checkpoints():
@@ -462,8 +498,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                           MASTER_PORT=os.environ.get("MASTER_PORT", "29517"))
     world = os.environ.get("WORLD_SIZE")
     if world is None or int(world) != WORLD:
-        print(f"this program runs on {WORLD} ranks: torchrun --nproc_per_node={WORLD} {sys.argv[0]} "
+        print(f"this program runs on {WORLD} ranks: {' ; '.join(launch_lines())} "
               f"(WORLD_SIZE is {world or 'not set'})", file=sys.stderr)
+        return 2
+    problem = node_mismatch()
+    if problem is not None:
+        print(f"this program's launch does not match its plan: {problem}", file=sys.stderr)
         return 2
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

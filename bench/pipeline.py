@@ -1,0 +1,107 @@
+"""Pipeline stages (issue 12): on every multi-node example cluster, the best plan with stages
+against the best one-stage (1-D) plan and every baseline, ``pipeline-even`` included, all
+scored by the same cost model in one synthesis per cluster.
+
+The models: the 48-layer GPT of issue 12 (hidden 768, 12 heads, seq 256, batch 64, vocab 8192)
+on the 8-GPU two-node cluster, GPT-12 and BERT-base (batch 64) on HAP's 64-GPU cluster, GPT-12
+(batch 16) on the two-node V100 cluster; and the 48-layer GPT on 64 GPUs for the stage
+planner's own time. No measured step time: hapc cannot emit pipelined programs yet.
+
+    python -m bench.pipeline
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from bench.common import CLUSTERS_DIR, HAP8, HAP64, save_section, say, timed, trace_model
+
+GPT48 = {"layers": 48, "hidden": 768, "heads": 12, "seq": 256, "batch": 64, "vocab": 8192}
+CASES = (
+    ("gpt-48 (issue 12)", "gpt", GPT48, HAP8),
+    ("gpt-12 batch 64", "gpt", {"layers": 12, "batch": 64}, HAP64),
+    ("bert-base batch 64", "bert", {"layers": 12, "batch": 64}, HAP64),
+    ("gpt-12 batch 16", "gpt", {"layers": 12, "batch": 16}, CLUSTERS_DIR / "v100x16-2nodes-25gbps.yaml"),
+)
+
+
+def case_row(label: str, model: str, kwargs: dict[str, Any], cluster_path) -> dict[str, Any]:
+    from costmodel.cluster import load_cluster
+    from hapc.api import synthesize
+
+    cluster = load_cluster(str(cluster_path))
+    traced = trace_model(model, **kwargs)
+    seconds, plan = timed(lambda: synthesize(traced, None, cluster, stages="auto"))
+    pipe = plan.pipeline
+    one_stage = plan.sim.iteration_seconds
+    row: dict[str, Any] = {
+        "model": label, "cluster": cluster.name, "devices": cluster.world, "nodes": len(cluster.nodes),
+        "plan_seconds": plan.cost, "one_stage_seconds": one_stage, "lower_bound_seconds": plan.lower_bound, "baselines_seconds": dict(sorted(plan.baselines.items())),
+        "speedup_vs_one_stage": one_stage / plan.cost,
+        "speedup_vs_dp_even": plan.baselines["dp-even"] / plan.cost,
+        "never_worse": all(plan.cost <= v * (1 + 1e-9) for v in plan.baselines.values()) and plan.cost <= one_stage,
+        "synthesize_seconds": seconds,
+    }
+    if pipe is not None:
+        row.update(stages=[{"nodes": [s.first_node, s.stop_node], "ranks": [s.ranks[0], s.ranks[-1]]}
+                           for s in pipe.stages],
+                   microbatches=pipe.microbatches, schedule=pipe.schedule, bubble=pipe.cost.bubble_fraction,
+                   group_syntheses=pipe.search.get("group_syntheses"))
+    return row
+
+
+def planner_time_64() -> dict[str, Any]:
+    """The stage planner alone (the one-stage search excluded) for the 48-layer GPT on 64 GPUs."""
+    from costmodel.cluster import load_cluster
+    from synth.stages import StagePlanner
+
+    traced = trace_model("gpt", **GPT48)
+    cluster = load_cluster(str(HAP64))
+    cpu_before = time.process_time()
+    seconds, pipe = timed(lambda: StagePlanner(traced.graph, cluster).plan())
+    cpu = time.process_time() - cpu_before
+    return {"model": "gpt-48", "cluster": cluster.name, "planner_seconds": seconds, "planner_cpu_seconds": cpu,
+            "stages": len(pipe.stages) if pipe else 1, "group_syntheses": pipe.search.get("group_syntheses") if pipe else 0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    rows = []
+    for label, model, kwargs, path in CASES:
+        row = case_row(label, model, kwargs, path)
+        say(f"{row['cluster']} {label}: {row['plan_seconds'] * 1e3:.3f} ms/iter, "
+            f"{row['speedup_vs_one_stage']:.2f}x over the 1-D plan, {row['speedup_vs_dp_even']:.2f}x over dp-even")
+        rows.append(row)
+    planner = planner_time_64()
+    say(f"stage planner, gpt-48 on 64 GPUs: {planner['planner_seconds']:.1f} s")
+    save_section("pipeline", {"clusters": rows, "planner_64": planner})
+    return 0
+
+
+def render_section(res: dict[str, Any]) -> list[str]:
+    """The BENCHMARKS.md section (called by bench.render)."""
+    data = res.get("pipeline")
+    out = ["## 6. Pipeline stages (predicted time per iteration)", ""]
+    if not data:
+        return out + ["Not run yet (`python -m bench.pipeline`).", ""]
+    out += ["| cluster | model | plan ms | 1-D plan ms | pipeline-even ms | dp-even ms | vs 1-D | vs dp-even | "
+            "stages | micro-batches | bubble | never worse |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in data["clusters"]:
+        b = r["baselines_seconds"]
+        even = b.get("pipeline-even")
+        out.append(f"| {r['cluster']} | {r['model']} | {r['plan_seconds'] * 1e3:.1f} | {r['one_stage_seconds'] * 1e3:.1f} "
+                   f"| {even * 1e3 if even else float('nan'):.1f} | {b['dp-even'] * 1e3:.1f} "
+                   f"| {r['speedup_vs_one_stage']:.2f}x | {r['speedup_vs_dp_even']:.2f}x | {len(r.get('stages', [])) or 1} "
+                   f"| {r.get('microbatches', 1)} | {r.get('bubble', 0.0) * 100:.0f}% | {'yes' if r['never_worse'] else 'NO'} |")
+    p = data.get("planner_64")
+    if p:
+        cpu = f", {p['planner_cpu_seconds']:.1f} s of CPU" if "planner_cpu_seconds" in p else ""
+        out += ["", f"Stage planner alone, {p['model']} on {p['cluster']}: {p['planner_seconds']:.1f} s wall{cpu} "
+                f"({p['group_syntheses']} group syntheses; target 10 s)."]
+    return out + [""]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

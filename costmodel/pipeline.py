@@ -1,0 +1,353 @@
+"""Pipeline stages priced: per-node costs of a group's program, a stage's slice of them, and
+the schedule (1F1B or GPipe) that runs the stages over micro-batches.
+
+**A stage's cost from its group's program.** A stage runs nodes ``[first, stop)`` of the
+graph on a device group with that group's SPMD program (found by the A* + LP on the group as
+a cluster of its own, :mod:`costmodel.groups`). :func:`profile_program` prices that program
+*once* per node and per micro-batch count, as the simulator does (roofline per rank,
+collectives blocking, gradient all-reduce, optimizer), and keeps prefix sums, so any node range
+on that group is priced in O(1): the stage planner asks for thousands of ranges and each costs
+two subtractions. A layout change is charged to the node that consumes it.
+
+**Micro-batches.** With ``m`` micro-batches a node that depends on the batch does ``1/m`` of its
+work per micro-batch (FLOPs and bytes; the kernel launch stays whole), and a collective of a
+batch-dependent value moves ``1/m`` of its bytes (the latency stays whole). Work that does not
+depend on the batch (a weight transpose, the position ids) runs whole for every micro-batch.
+Gradient all-reduces and the optimizer run once per iteration.
+
+**The schedule.** Stages ``s = 0..S-1`` take ``w_s = f_s + b_s`` per micro-batch; between
+stage ``k-1`` and ``k`` the boundary activations go forward and their gradients back over the
+link between the groups (``x_k``, a point-to-point send, treated as a pipeline stage of its
+own; the part compute cannot hide, ``1 - comm_overlap``, is added to both stages' steps). With ``m`` micro-batches:
+
+    1F1B:  T_pipe = sum(w) + sum(x) + (m - 1) * max(w ∪ x)
+    GPipe: T_pipe = sum(f) + sum(x_f) + (m - 1) * max(f ∪ x_f) + the same for backward
+
+Stage ``s`` finishes its last backward ``sum_{k<s}(b_k + x_k^bwd)`` before the pipeline does;
+then its gradient all-reduce (the part its last micro-batch's backward could not hide) and its
+optimizer step run, so the iteration is ``max_s`` of those ends. 1F1B keeps at most
+``min(m, S - s)`` micro-batches' activations on stage ``s``; GPipe keeps all ``m``. The bubble
+fraction is the share of ``S * T_pipe`` during which stages wait.
+
+Parameters read by two stages (a language model's head tied to its embedding) are held by
+both; their gradients are summed across the two groups over the link between them after the
+last backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.cluster import Cluster, Link
+from costmodel.collectives import best_variant
+from costmodel.compute import ComputeTime, node_seconds
+from costmodel.internal import internal_all_reduces
+from costmodel.memory import optimizer_copies
+from costmodel.opclass import op_class
+from costmodel.simulator import SFB_LOCAL, _fractions, factor_synced_params
+from costmodel.transfers import backward_move, forward_move, local_bytes
+from hapc.ir.graph import Graph
+from hapc.ir.layout import Replicate
+from hapc.ir.program import Compute, DistProgram, Redistribute
+
+SCHEDULES = ("1f1b", "gpipe")
+
+
+def batch_dependent_values(graph: Graph) -> set[str]:
+    """Values computed from a model input: they shrink with the micro-batch."""
+    found = set(graph.inputs)
+    for node in graph.nodes:
+        if any(v in found for v in node.input_refs()):
+            found.update(node.outputs)
+    return found
+
+
+@dataclass
+class ProgramProfile:
+    """A group's program priced per node, as prefix sums (index ``i`` = nodes ``[0, i)``).
+
+    Per micro-batch: ``fwd_compute``/``bwd_compute`` per rank (``[n+1, world]``) and the
+    blocking collectives ``fwd_comm``/``bwd_comm`` (``[n+1]``). Per iteration: the bytes of
+    gradients to all-reduce (``grad_sync_bytes``), each rank's optimizer seconds and its
+    parameter + gradient + optimizer-state bytes (``static_bytes``); per micro-batch, each
+    rank's activation bytes kept for backward (``activation_bytes``). A parameter is charged
+    to the node that reads it first; ``param_uses`` lists every node reading it, for stages
+    that share one.
+    """
+
+    cluster: Cluster
+    microbatches: int
+    fwd_compute: np.ndarray
+    bwd_compute: np.ndarray
+    fwd_comm: np.ndarray
+    bwd_comm: np.ndarray
+    grad_sync_bytes: np.ndarray
+    optimizer_seconds: np.ndarray
+    static_bytes: np.ndarray
+    activation_bytes: np.ndarray
+    param_first_use: dict[str, int]
+    param_uses: dict[str, list[int]]
+    param_static_bytes: dict[str, np.ndarray]
+    param_grad_bytes: dict[str, float]
+
+    def range_seconds(self, first: int, stop: int) -> tuple[float, float]:
+        """(forward, backward) seconds of one micro-batch through nodes ``[first, stop)``:
+        the slowest rank's compute plus the collectives every rank waits for."""
+        f = float(np.max(self.fwd_compute[stop] - self.fwd_compute[first])) + float(self.fwd_comm[stop] - self.fwd_comm[first])
+        b = float(np.max(self.bwd_compute[stop] - self.bwd_compute[first])) + float(self.bwd_comm[stop] - self.bwd_comm[first])
+        return f, b
+
+
+def profile_program(program: DistProgram, cluster: Cluster, microbatches: int = 1,
+                    optimizer: str | int = "adamw") -> ProgramProfile:
+    """Price every node of ``program`` on ``cluster`` (its group) for ``microbatches``."""
+    return ProgramPricer(program, cluster, optimizer).profile(microbatches)
+
+
+class ProgramPricer:
+    """What a group's program costs, taken apart once so that any micro-batch count is cheap.
+
+    The roofline is linear in the work a rank does, so a node's time with ``1/m`` of the
+    batch is its whole-batch time less the launch, over ``m``, plus the launch: the per-node
+    times are computed once. Collectives are re-priced per ``m`` (the best variant may change
+    with size); there are few of them.
+    """
+
+    def __init__(self, program: DistProgram, cluster: Cluster, optimizer: str | int = "adamw") -> None:
+        self.program, self.cluster, self.optimizer = program, cluster, optimizer
+        graph = program.graph
+        n, world = len(graph.nodes), cluster.world
+        self.n, self.world = n, world
+        index = {node.name: i for i, node in enumerate(graph.nodes)}
+        nodes = {node.name: node for node in graph.nodes}
+        self.batch = batch = batch_dependent_values(graph)
+        # Per node and rank: whole-batch fwd/bwd seconds, launches inside them, batch-scaled or not.
+        self.fwd = np.zeros((n, world))
+        self.bwd = np.zeros((n, world))
+        self.fwd_launch = np.zeros((n, world))
+        self.bwd_launch = np.zeros((n, world))
+        self.scaled = np.zeros(n, dtype=bool)
+        # Collectives: (node index, phase, kind, pieces, matrix, scales with the batch)
+        self.moves: list[tuple[int, str, str, tuple[float, ...], tuple | None, bool]] = []
+        self.fixed_comm = np.zeros((n, 2))   # internal all-reduces (a few bytes; not scaled)
+        launch = cluster.launch_latency_seconds
+        pending: list[Redistribute] = []
+
+        def add_move(i: int, step: Redistribute) -> None:
+            scales = step.src.split("@", 1)[0] in batch
+            for move, phase in ((forward_move(program, step), "fwd"), (backward_move(program, step), "bwd")):
+                if move is not None:
+                    self.moves.append((i, phase, move.kind, move.piece_bytes, move.send_matrix, scales))
+
+        for step in program.steps:
+            if isinstance(step, Redistribute):
+                pending.append(step)
+                continue
+            i = index[step.node]
+            node = nodes[step.node]
+            for r_step in pending:
+                add_move(i, r_step)
+            pending = []
+            self.scaled[i] = any(o in batch for o in node.outputs)
+            seen: dict[tuple, ComputeTime] = {}      # equal devices with equal pieces price alike
+            for r, frac in enumerate(_fractions(program, step, node.outputs)):
+                dev = cluster.devices[r]
+                key = (frac, tuple(dev.peak_flops.values()), dev.hbm_bandwidth_Bps)
+                if key not in seen:
+                    seen[key] = node_seconds(node, graph, dev, cluster, frac)
+                t = seen[key]
+                self.fwd[i, r] += t.fwd_seconds
+                self.bwd[i, r] += t.bwd_seconds
+                self.fwd_launch[i, r] += launch if t.fwd_seconds > 0 else 0.0
+                self.bwd_launch[i, r] += launch if t.bwd_seconds > 0 else 0.0
+            if world > 1:
+                fwd_b, bwd_b = internal_all_reduces(step.strategy.local, node, graph)
+                self.fixed_comm[i, 0] += sum(best_variant("all_reduce", [b] * world, cluster)[1] for b in fwd_b)
+                self.fixed_comm[i, 1] += sum(best_variant("all_reduce", [b] * world, cluster)[1] for b in bwd_b)
+                if step.strategy.local == SFB_LOCAL:
+                    for name, lay in ((step.inputs[0], step.strategy.inputs[0]),
+                                      (node.outputs[0], step.strategy.outputs[0])):
+                        self.moves.append((i, "bwd", "all_gather", tuple(local_bytes(program, name, lay)), None,
+                                           bool(self.scaled[i])))
+        for r_step in pending:
+            add_move(n - 1, r_step)
+
+        # Activations kept for backward, per whole batch, charged to the node that makes them.
+        self.act = np.zeros((n, world))
+        self.act_fixed = np.zeros((n, world))
+        for step in program.steps:
+            if isinstance(step, Compute):
+                node = nodes[step.node]
+                if op_class(node.op) == "view":
+                    continue
+                for out, lay in zip(node.outputs, step.strategy.outputs):
+                    if graph.values[out].requires_grad:
+                        target = self.act if out in batch else self.act_fixed
+                        target[index[step.node]] += np.array(local_bytes(program, out, lay))
+
+        # Parameters: who reads them, what they hold, what their gradients and optimizer cost.
+        uses: dict[str, list[int]] = {}
+        for node in graph.nodes:
+            for ref in node.input_refs():
+                if graph.values[ref].kind in ("param", "buffer", "input"):
+                    uses.setdefault(ref, []).append(index[node.name])
+        copies = optimizer_copies(optimizer)
+        accesses = 3 + 2 * copies
+        synced_by_factors = factor_synced_params(program)
+        self.static = np.zeros((n, world))
+        self.opt = np.zeros((n, world))
+        self.grad = np.zeros(n)
+        self.first_use: dict[str, int] = {}
+        self.param_uses: dict[str, list[int]] = {}
+        self.param_static: dict[str, np.ndarray] = {}
+        self.param_grad: dict[str, float] = {}
+        for name in graph.params + graph.buffers + graph.inputs:
+            if name not in uses:
+                continue
+            i = uses[name][0]
+            layout = program.source_layouts.get(name, Replicate())
+            piece = np.array(local_bytes(program, name, layout))
+            value = graph.values[name]
+            if value.kind == "input":
+                self.act[i] += piece
+                continue
+            held = piece.copy()
+            if value.requires_grad:
+                held += piece * (1 + copies)
+                for r, dev in enumerate(cluster.devices):
+                    if piece[r] > 0:
+                        self.opt[i, r] += piece[r] * accesses / (dev.hbm_bandwidth_Bps * cluster.efficiency["hbm"]) \
+                            + cluster.launch_latency_seconds
+                if isinstance(layout, Replicate) and world > 1 and name not in synced_by_factors:
+                    self.grad[i] += piece[0]
+                    self.param_grad[name] = float(piece[0])
+            self.static[i] += held
+            if value.kind == "param":
+                self.first_use[name] = i
+                self.param_uses[name] = uses[name]
+                self.param_static[name] = held
+
+    def profile(self, microbatches: int) -> ProgramProfile:
+        m = max(1, int(microbatches))
+        per = np.where(self.scaled[:, None], 1.0 / m, 1.0)
+        fwd_c = (self.fwd - self.fwd_launch) * per + self.fwd_launch
+        bwd_c = (self.bwd - self.bwd_launch) * per + self.bwd_launch
+        comm = self.fixed_comm.copy()
+        for i, phase, kind, pieces, matrix, scales in self.moves:
+            s = 1.0 / m if scales else 1.0
+            sized = [b * s for b in pieces]
+            if kind == "local":
+                for r, dev in enumerate(self.cluster.devices):
+                    target = fwd_c if phase == "fwd" else bwd_c
+                    target[i, r] += sized[r] / (dev.hbm_bandwidth_Bps * self.cluster.efficiency["hbm"])
+                continue
+            mat = None if matrix is None else [[b * s for b in row] for row in matrix]
+            comm[i, 0 if phase == "fwd" else 1] += best_variant(kind, sized, self.cluster, send_matrix=mat)[1]
+        act = self.act / m + self.act_fixed
+
+        def prefix(a: np.ndarray) -> np.ndarray:
+            return np.concatenate([np.zeros((1,) + a.shape[1:]), np.cumsum(a, axis=0)])
+
+        return ProgramProfile(self.cluster, m, prefix(fwd_c), prefix(bwd_c), prefix(comm[:, 0]), prefix(comm[:, 1]),
+                              prefix(self.grad), prefix(self.opt), prefix(self.static), prefix(act),
+                              self.first_use, self.param_uses, self.param_static, self.param_grad)
+
+
+def boundary_bytes(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes of activations live across each cut ``i`` (produced before node ``i``, read at or
+    after it), forward and the part that carries a gradient back: index ``i`` in ``[0, n]``."""
+    n = len(graph.nodes)
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    produced: dict[str, int] = {}
+    last_use: dict[str, int] = {}
+    for node in graph.nodes:
+        for out in node.outputs:
+            produced[out] = index[node.name]
+        for ref in node.input_refs():
+            last_use[ref] = index[node.name]
+    fwd = np.zeros(n + 1)
+    bwd = np.zeros(n + 1)
+    for value, p in produced.items():
+        last = last_use.get(value, p)
+        if last > p:
+            nbytes = graph.meta(value).nbytes
+            fwd[p + 1:last + 1] += nbytes
+            if graph.values[value].requires_grad:
+                bwd[p + 1:last + 1] += nbytes
+    return fwd, bwd
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """One stage of a pipeline as the schedule sees it (seconds per micro-batch unless named)."""
+
+    fwd_seconds: float
+    bwd_seconds: float
+    send_fwd_seconds: float          # activations to the next stage (0 for the last)
+    send_bwd_seconds: float          # their gradients back from the next stage
+    grad_sync_seconds: float         # the group's gradient all-reduce, once per iteration
+    tail_seconds: float              # optimizer step + shared-parameter gradient exchange
+    static_bytes: tuple[float, ...]  # per rank of the group: parameters, gradients, optimizer state
+    activation_bytes: tuple[float, ...]   # per rank, one micro-batch's activations kept for backward
+
+
+@dataclass(frozen=True)
+class ScheduleCost:
+    iteration_seconds: float
+    pipeline_seconds: float           # fill + steady state + drain, before the tails
+    bubble_fraction: float
+    stage_end_seconds: tuple[float, ...]
+    inflight: tuple[int, ...]         # micro-batches whose activations stage s holds at once
+    stage_memory_bytes: tuple[tuple[float, ...], ...]
+
+
+def inflight_microbatches(schedule: str, stages: int, microbatches: int, stage: int) -> int:
+    """How many micro-batches' activations stage ``stage`` keeps at its peak."""
+    if schedule == "gpipe":
+        return microbatches
+    return min(microbatches, stages - stage)
+
+
+def schedule_cost(stages: Sequence[StageCost], microbatches: int, schedule: str = "1f1b",
+                  comm_overlap: float = 1.0) -> ScheduleCost:
+    """Iteration time, bubble and per-stage peak memory of ``stages`` under ``schedule``."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
+    m = max(1, microbatches)
+    s_count = len(stages)
+    xf = [s.send_fwd_seconds for s in stages[:-1]]
+    xb = [s.send_bwd_seconds for s in stages[:-1]]
+    # What compute cannot hide of a send (gloo on the cores that compute) delays both ends.
+    blocked = 1.0 - comm_overlap
+    f = [s.fwd_seconds + blocked * ((xf[k] if k < s_count - 1 else 0.0) + (xf[k - 1] if k else 0.0))
+         for k, s in enumerate(stages)]
+    b = [s.bwd_seconds + blocked * ((xb[k] if k < s_count - 1 else 0.0) + (xb[k - 1] if k else 0.0))
+         for k, s in enumerate(stages)]
+    if schedule == "1f1b":
+        steps = [fi + bi for fi, bi in zip(f, b)] + [a + c for a, c in zip(xf, xb)]
+        pipe = sum(steps) + (m - 1) * max(steps)
+    else:
+        pipe = sum(f) + sum(xf) + (m - 1) * max(f + xf) + sum(b) + sum(xb) + (m - 1) * max(b + xb)
+    ends = []
+    drained = 0.0
+    for k, st in enumerate(stages):
+        hidden = min(st.grad_sync_seconds, st.bwd_seconds) * comm_overlap
+        ends.append(pipe - drained + (st.grad_sync_seconds - hidden) + st.tail_seconds)
+        if k < s_count - 1:
+            drained += b[k] + xb[k]
+    busy = m * sum(fi + bi for fi, bi in zip(f, b))
+    bubble = max(0.0, 1.0 - busy / (s_count * pipe)) if pipe > 0 else 0.0
+    inflight = tuple(inflight_microbatches(schedule, s_count, m, k) for k in range(s_count))
+    memory = tuple(tuple(a + n_in * c for a, c in zip(st.static_bytes, st.activation_bytes))
+                   for st, n_in in zip(stages, inflight))
+    return ScheduleCost(max(ends), pipe, bubble, tuple(ends), inflight, memory)
+
+
+def send_seconds(link: Link | None, nbytes: float) -> float:
+    """One point-to-point transfer of ``nbytes`` over ``link`` (free inside one group)."""
+    if link is None or nbytes <= 0:
+        return 0.0
+    return link.seconds(nbytes)
