@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     change.add_argument("--slow", action="append", default=[], metavar="RANK=FACTOR",
                         help="this rank's device is FACTOR times slower than its spec (repeatable)")
     change.add_argument("--measured", default=None, metavar="RUN.log",
-                        help="per-rank times a program printed with --timings: set device speeds from them")
+                        help="the log of PLAN.json's program run with --timings: device speeds from its per-rank times")
     rep.add_argument("-o", "--output", required=True, metavar="OUT", help="output folder")
     effort = rep.add_mutually_exclusive_group()
     effort.add_argument("--quick", action="store_true",
