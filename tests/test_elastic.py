@@ -182,7 +182,8 @@ def test_one_rank_program_saves_resumes_and_exports_single_device_weights(tmp_pa
         monkeypatch.delenv(var, raising=False)
     program = _import(path)
     ck = tmp_path / "ck"
-    assert program.main(["--steps", "2", "--save", str(ck)]) == 0
+    assert program.main(["--steps", "2", "--save", str(ck), "--save-every", "1"]) == 0
+    assert (ck / "step-00000001" / K.MANIFEST).exists() and (ck / K.LATEST).read_text().strip() == "step-00000002"
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
     assert program.main(["--steps", "1", "--load", str(ck), "--save", str(ck), "--timings"]) == 0
