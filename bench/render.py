@@ -279,6 +279,39 @@ def runtime_section(res: dict[str, Any]) -> list[str]:
             + _calibration_section(rt.get("calibration", {})))
 
 
+def gpu_section(res: dict[str, Any]) -> list[str]:
+    """``make bench-gpu`` (bench/gpu.py) on one GPU; "not measured" until it has run on one."""
+    out = ["## 5. On one GPU (`make bench-gpu`)", ""]
+    gpu = res.get("gpu")
+    if not gpu:
+        return out + ["not measured", ""]
+    out += [f"{gpu['device']}, torch {gpu['torch']}, {gpu['date']}; {gpu['steps']} steps per run, "
+            f"{gpu['seconds']:.0f} s in all. Emitted program (one rank, NCCL) and the plain eager model "
+            "(same device, dtype, autocast and optimizer); predicted from the profile alone.", "",
+            "| config | precision | predicted ms | measured ms | eager ms | emitted/eager | predicted GB | "
+            "measured GB | ops measured |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def ms(x: Any) -> str:
+        return f"{x * 1e3:.2f}" if isinstance(x, (int, float)) and x == x else "-"
+
+    def gb(x: Any) -> str:
+        return f"{x / 1e9:.2f}" if isinstance(x, (int, float)) and x == x else "-"
+
+    for r in gpu["rows"]:
+        over = (f"{(r['measured_seconds'] / r['eager_seconds'] - 1) * 100:+.1f}%"
+                if r.get("measured_seconds") and r.get("eager_seconds") else "-")
+        out.append(f"| {r['config']} | {r['precision']} | {ms(r['predicted_seconds'])} | {ms(r['measured_seconds'])} "
+                   f"| {ms(r['eager_seconds'])} | {over} | {gb(r['predicted_peak_bytes'])} | "
+                   f"{gb(r['measured_peak_bytes'])} | {r['measured_ops'] or '-'} |"
+                   + (f" {r['error']}" if r.get("error") else ""))
+    out.append("")
+    for key, s in gpu.get("summary", {}).items():
+        out.append(f"- {key}: {s['runs']} runs, median error {s['median_error'] * 100:.1f}%, rank correlation "
+                   f"{s['rank_correlation']:.2f}, worst emitted/eager overhead {s['worst_overhead'] * 100:+.1f}%, "
+                   f"worst predicted/measured peak memory {s['worst_memory_under'] * 100:+.1f}%")
+    return out + [""]
+
+
 def machine_line(res: dict[str, Any]) -> str:
     sections = {k: v for k, v in res.items() if isinstance(v, dict) and "machine" in v}
     if not sections:
@@ -299,7 +332,7 @@ def render(res: dict[str, Any]) -> str:
              "(`python -m bench.render` regenerates it). Times are medians of several runs; ratios are "
              "computed within one run."), "", machine_line(res), ""]
     lines += headlines(res) + synthesis_section(res) + compile_section(res) + quality_section(res)
-    lines += runtime_section(res)
+    lines += runtime_section(res) + gpu_section(res)
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -68,6 +68,10 @@ def time_model(traced, cluster, repeats: int) -> dict[str, Any]:
         "synthesize_seconds": synth_s, "synthesize_runs": synth_runs,
         "synthesize_inner_search_seconds": syn.search_seconds, "synthesize_lp_seconds": syn.lp_seconds,
         "rounds": len(syn.rounds), "plan": best.name, "plan_seconds": best.seconds,
+        "synthesize_searches": syn.searches, "synthesize_states_expanded": syn.states_expanded,
+        "warm_starts": syn.warm_starts,
+        "plan_exact": best.search.exact if best.search else None,
+        "plan_gap": best.search.gap if best.search else None,
     }
 
 

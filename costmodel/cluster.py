@@ -109,6 +109,8 @@ class Cluster:
     launch_latency_seconds: float = 5e-6
     comm_overlap: float = 1.0
     source: str = field(default="", compare=False)
+    # Per-op times measured on the device (costmodel.optable.OpTable), or None: roofline only.
+    op_table: Any = field(default=None, compare=False)
     _kind_views: dict[str, Cluster] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # ---- structure -------------------------------------------------------------------------
@@ -249,6 +251,8 @@ class Cluster:
         out["allow_tf32"] = self.allow_tf32
         out["launch_latency_s"] = self.launch_latency_seconds
         out["comm_overlap"] = self.comm_overlap
+        if self.op_table is not None:
+            out["measured_ops"] = self.op_table.to_dict()
         return out
 
 

@@ -39,7 +39,7 @@ DEFAULT_LINK_LATENCY_US = 10.0     # for a link given by bandwidth alone
 DEFAULT_LAUNCH_LATENCY_US = 5.0    # one kernel launch (CUDA); a cluster file may override
 
 _TOP_KEYS = ("name", "nodes", "network", "efficiency", "allow_tf32", "launch_latency_us", "launch_latency_s",
-             "comm_overlap")
+             "comm_overlap", "measured_ops")
 _NODE_KEYS = ("count", "devices", "intra_link", "name")
 _DEVICE_KEYS = ("type", "count", "name", "tflops", "peak_flops", "memory_GB", "memory_bytes", "hbm_GBps",
                 "hbm_Bps")
@@ -78,6 +78,10 @@ def read_cluster_file(path: str | Path) -> Cluster:
         raise UserError(f"cannot read the cluster file: {exc}", where=label) from None
     cluster = parse_cluster(data, label)
     cluster.source = label
+    if cluster.op_table is None:       # per-op times measured on the device, beside the file
+        from costmodel.optable import load_beside
+
+        cluster.op_table = load_beside(p, [d.type for d in cluster.devices])
     return cluster
 
 
@@ -158,7 +162,16 @@ def parse_cluster(data: Any, file: str = "<cluster dict>") -> Cluster:
     name = data.get("name") or ""
     if not isinstance(name, str):
         name = str(name)
-    return Cluster(devices, hosts, network, efficiency, name, allow_tf32, launch, overlap, source=file)
+    cluster = Cluster(devices, hosts, network, efficiency, name, allow_tf32, launch, overlap, source=file)
+    if data.get("measured_ops") is not None:     # a plan's copy of the table it was priced with
+        from costmodel.optable import OpTable, usable_table
+
+        try:
+            table = OpTable.from_dict(data["measured_ops"], f"{file}: measured_ops")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ctx.fail("measured_ops", f"not a per-op table ({exc})") from None
+        cluster.op_table = usable_table(table, [d.type for d in devices])
+    return cluster
 
 
 def _check_keys(ctx: _Ctx, path: str, data: Mapping, allowed: tuple[str, ...]) -> None:

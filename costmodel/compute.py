@@ -13,6 +13,10 @@ fp16 peak, ``bfloat16`` the bf16 peak, anything else the fp32 peak. fp32 product
 TF32 peak only when the cluster says ``allow_tf32: true``: PyTorch leaves TF32 matmuls off
 by default (``torch.backends.cuda.matmul.allow_tf32 = False``), and pricing fp32 at TF32
 speed would make fp32 plans look 8x faster on an A100 than they run.
+
+**Measured times win.** Where the cluster carries a per-op table measured on the device
+(:mod:`costmodel.optable`, from ``hapc profile --model``) and it holds the node's signature,
+its interpolated forward and backward times replace the roofline.
 """
 
 from __future__ import annotations
@@ -70,6 +74,11 @@ def node_seconds(node: Node, graph: Graph, device: Device, cluster: Cluster,
     cls = op_class(node.op)
     if cls == "view" or fraction <= 0:
         return ComputeTime(0.0, 0.0)
+    table = cluster.op_table
+    if table is not None and device.type == table.device:
+        measured = table.lookup_seconds(node, graph, fraction)
+        if measured is not None:
+            return ComputeTime(*measured)
     peak = device.flops(peak_dtype(node, graph, cluster.allow_tf32))
     eff = cluster.efficiency[cls]
     hbm_eff = cluster.efficiency["hbm"]

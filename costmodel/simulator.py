@@ -183,15 +183,18 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
     cache: dict[tuple, ComputeTime] = {}
     backward_times: dict[int, list[float]] = {}
 
+    # Ranks with equal capabilities compute alike: one key per rank, made once.
+    device_keys = [(tuple(d.peak_flops.values()), d.hbm_bandwidth_Bps) for d in cluster.devices]
+
     def times(step: Compute) -> list[ComputeTime]:
         node = nodes[step.node]
         out = []
         for r, frac in enumerate(_fractions(program, step, node.outputs)):
-            dev = cluster.devices[r]
-            key = (step.node, frac, tuple(dev.peak_flops.values()), dev.hbm_bandwidth_Bps)
-            if key not in cache:
-                cache[key] = node_seconds(node, graph, dev, cluster, frac)
-            out.append(cache[key])
+            key = (step.node, frac, device_keys[r])
+            hit = cache.get(key)
+            if hit is None:
+                hit = cache[key] = node_seconds(node, graph, cluster.devices[r], cluster, frac)
+            out.append(hit)
         return out
 
     # 1. forward

@@ -356,7 +356,7 @@ def emit_plan(plan: Any, out_dir: Path, traced: Any = None) -> Path:
 
 def run_plans(model_file: str, overrides: Mapping[str, Any], cluster: Cluster, names: Sequence[str], *,
               steps: int = 6, repeats: int = 1, affinity: str | None = None, workdir: str | Path | None = None,
-              timeout_seconds: float = 300.0,
+              timeout_seconds: float = 300.0, device: str = "cpu",
               say: Callable[[str], None] = lambda m: None) -> tuple[list[Run], list[str]]:
     """Plan, emit and run each plan of the model; the runs that worked and notes on the others.
 
@@ -380,10 +380,10 @@ def run_plans(model_file: str, overrides: Mapping[str, Any], cluster: Cluster, n
         for name, plan in plans:
             if name in failed:
                 continue
-            say(f"running {name} on {cluster.world} ranks ({steps} steps"
+            say(f"running {name} on {cluster.world} {device} ranks ({steps} steps"
                 + (f", round {round_ + 1}/{repeats})" if repeats > 1 else ")"))
             result = run_program(programs[name], cluster.world, steps=steps, affinity=affinity,
-                                 timeout_seconds=timeout_seconds)
+                                 timeout_seconds=timeout_seconds, device=device)
             if not result.ok:
                 notes.append(f"{name}: run failed ({result.error})")
                 failed.add(name)
@@ -430,10 +430,11 @@ def format_report(runs: Sequence[Run], result: Fit, notes: Sequence[str] = ()) -
 def calibrate(model_file: str, cluster_path: str, *, overrides: Mapping[str, Any] | None = None,
               plans: Sequence[str] = DEFAULT_PLANS, steps: int = 6, repeats: int = 1, affinity: str | None = None,
               knobs: Sequence[str] = GLOBAL_KNOBS, runs_path: str | None = None, write: bool = False,
-              workdir: str | None = None, timeout_seconds: float = 300.0,
+              workdir: str | None = None, timeout_seconds: float = 300.0, device: str = "auto",
               say: Callable[[str], None] = lambda m: None) -> tuple[list[Run], Fit, list[str]]:
     """Run, compare, fit (and write): the library form of ``hapc calibrate``."""
     cluster = load_cluster(cluster_path)
+    device = run_device(device, cluster)
     plans = [p for p in plans if p != "none"]        # "none": refit the --runs file, run nothing
     unknown = [p for p in plans if p not in DEFAULT_PLANS]
     if unknown:
@@ -447,7 +448,8 @@ def calibrate(model_file: str, cluster_path: str, *, overrides: Mapping[str, Any
     runs, notes = [], []
     if plans:
         runs, notes = run_plans(model_file, overrides or {}, cluster, plans, steps=steps, repeats=repeats,
-                                affinity=affinity, workdir=workdir, timeout_seconds=timeout_seconds, say=say)
+                                affinity=affinity, workdir=workdir, timeout_seconds=timeout_seconds,
+                                device=device, say=say)
     if runs_path:
         earlier = []
         if Path(runs_path).is_file():
@@ -470,6 +472,29 @@ def calibrate(model_file: str, cluster_path: str, *, overrides: Mapping[str, Any
     return runs, result, notes
 
 
+def run_device(device: str, cluster: Cluster) -> str:
+    """Where calibration runs its programs: ``cpu`` or ``cuda`` as asked, or for ``auto`` the
+    cluster's kind: GPUs when its devices are not CPUs and this machine has a GPU per rank of
+    a node (NCCL refuses two ranks on one GPU), else CPU ranks. On one GPU, calibrate a
+    world-1 cluster with several sizes of a model, accumulating them with ``--runs``."""
+    import torch
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise UserError(f"--device {device!r}: expected cpu, cuda or auto")
+    per_node = max(len(h.devices) for h in cluster.nodes)
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda: no CUDA device is available here")
+        if torch.cuda.device_count() < per_node:
+            raise UserError(f"--device cuda: the cluster has {per_node} devices per node, this machine "
+                            f"{torch.cuda.device_count()} GPU(s) (NCCL needs one GPU per rank)")
+        return "cuda"
+    if device == "auto":
+        gpus = not all(d.type.lower().startswith("cpu") for d in cluster.devices)
+        return "cuda" if gpus and torch.cuda.is_available() and torch.cuda.device_count() >= per_node else "cpu"
+    return device
+
+
 def _world_of(run: Run) -> int:
     return len(run.plan_data.get("shares", []))
 
@@ -482,6 +507,6 @@ def calibrate_cli(args: argparse.Namespace, say: Callable[[str], None]) -> int:
                                     steps=max(2, args.steps), repeats=max(1, args.repeats), affinity=args.affinity,
                                     knobs=parse_knobs(args.fit),
                                     runs_path=args.runs, write=args.write, workdir=args.workdir,
-                                    timeout_seconds=args.timeout, say=say)
+                                    timeout_seconds=args.timeout, device=args.device, say=say)
     print(format_report(runs, result, notes))
     return 0

@@ -8,6 +8,7 @@ calls the library; no pipeline logic lives in the CLI.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -46,17 +47,19 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
     say = _progress(args)
     started = time.perf_counter()
+    _check_precision(args.precision)
     cluster = load_cluster(args.cluster)          # bad cluster files fail before any work
     overrides = parse_overrides(args.set)
     mf = load_model_file(args.model, overrides)
-    say(f"tracing {args.model}")
-    traced = _trace_model_file(mf, trace)
+    with _transient(f"tracing {args.model}", quiet=getattr(args, "quiet", False)):
+        traced = _trace_model_file(mf, trace)
     if traced.graph.unsupported:
         ops = ", ".join(f"{op} ({where[0]})" for op, where in sorted(traced.graph.unsupported.items()))
         print(f"hapc: warning: no sharding rule, these run replicated: {ops}", file=sys.stderr)
     say(f"{len(traced.graph.nodes)} nodes traced in {traced.seconds:.1f} s; searching")
     plan = synthesize(traced, None, cluster, time_budget=args.time_budget, optimizer=args.optimizer,
-                      model_file=str(Path(args.model).resolve()), model_kwargs=overrides, progress=say)
+                      model_file=str(Path(args.model).resolve()), model_kwargs=overrides, progress=say,
+                      precision=args.precision)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     plan.save(out / "plan.json")
@@ -75,6 +78,30 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _transient(msg: str, *, quiet: bool):
+    """A progress line on a terminal that is erased when the work ends, so that a failure
+    (a model torch.export cannot trace) leaves exactly its one error line."""
+    show = not quiet and sys.stderr.isatty()
+    if show:
+        print(f"  {msg}", end="\r", file=sys.stderr, flush=True)
+    try:
+        yield
+    finally:
+        if show:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+
+def _check_precision(name: str) -> None:
+    """Bad --precision fails before any work, in one line."""
+    from hapc.ir.precision import check_precision
+
+    try:
+        check_precision(name)
+    except ValueError as exc:
+        raise UserError(str(exc), where="--precision") from None
+
+
 def _trace_model_file(mf, trace):
     """Trace on the meta device (no weights, fast) and fall back to real tensors if the model
     cannot be built or traced there."""
@@ -83,10 +110,15 @@ def _trace_model_file(mf, trace):
     try:
         model = mf.build_model(device="meta")
         inputs = tuple(t.to("meta") for t in mf.build_inputs())
-        return trace(model, inputs)
+        traced = trace(model, inputs)
+        if not traced.dataless_constants():
+            return traced
     except UserError:
-        model = mf.build_model()
-        return trace(model, mf.build_inputs())
+        pass
+    # Real tensors: also when the meta trace lifted tensors it made in forward (a list index,
+    # torch.tensor(...)) without their data; a trace on CPU gives graph and data together.
+    model = mf.build_model()
+    return trace(model, mf.build_inputs())
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -127,11 +159,55 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_profile(args: argparse.Namespace) -> int:
     from profiler.profile import profile
 
+    if args.model:
+        _check_precision(args.precision)
+    if args.ops_only:
+        if not args.model:
+            raise UserError("--ops-only times a model's ops: give --model MODEL.py", where="--ops-only")
+        return _profile_model_ops(args)
     result = profile(args.output, nproc=args.nproc, merge=args.merge, quick=args.quick, affinity=args.affinity,
                      threads=args.threads, device=args.device, op_classes=not args.no_op_classes,
                      say=_progress(args))
     if result is not None:          # None on the ranks other than 0 under torchrun
         print(result.summary())
+        if args.model:
+            return _profile_model_ops(args)
+    return 0
+
+
+def _profile_model_ops(args: argparse.Namespace) -> int:
+    """Time the model's distinct op signatures on one device of this machine and store them
+    beside the cluster file (see profiler.ops and costmodel.optable)."""
+    import time
+
+    import torch
+
+    from costmodel.cluster_file import read_cluster_file
+    from hapc.ir.precision import autocast_graph
+    from hapc.modelfile import load_model_file, parse_overrides
+    from hapc.tracer import trace
+    from profiler.ops import profile_ops
+    from profiler.profile import _device_type
+
+    say = _progress(args)
+    started = time.perf_counter()
+    cluster = read_cluster_file(args.output)
+    device_type = _device_type(args.device)
+    device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
+    if device_type == "cpu":
+        torch.set_num_threads(args.threads)     # as the profiled ranks (and emitted programs) run
+    mf = load_model_file(args.model, parse_overrides(args.set))
+    say(f"tracing {args.model}")
+    graph = autocast_graph(_trace_model_file(mf, trace).graph, args.precision)
+    table = profile_ops(graph, args.output, cluster.devices[0].type, device,
+                        autocast=torch.bfloat16 if args.precision == "bf16" else None,
+                        allow_tf32=cluster.allow_tf32, say=say)
+    from costmodel.optable import measured_share, table_path
+
+    measured, total = measured_share(graph, table)
+    print(f"per-op times: {measured} of {total} op nodes of {Path(args.model).name} measured on "
+          f"{table.device_name} ({len(table.entries)} signatures in the table) in "
+          f"{time.perf_counter() - started:.1f} s; wrote {table_path(args.output)}")
     return 0
 
 
@@ -247,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                       help="stop the search after this long and keep the best plan found (with its gap)")
     comp.add_argument("--optimizer", default="adamw", help="optimizer whose state memory to plan for")
+    comp.add_argument("--precision", default="fp32", metavar="fp32|bf16",
+                      help="fp32, or bf16: autocast forward with fp32 master weights, priced at the bf16 peak")
     comp.add_argument("--no-emit", action="store_true", help="write the plan and report only")
     comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     comp.set_defaults(func=_cmd_compile)
@@ -295,6 +373,14 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--threads", type=int, default=1, help="threads per rank (default 1)")
     prof.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     prof.add_argument("--no-op-classes", action="store_true", help="skip the per-op-class efficiencies")
+    prof.add_argument("--model", default=None, metavar="MODEL.py",
+                      help="also time every distinct op of this model (forward and backward, shard sizes) on "
+                           "one device; stored beside the cluster file (CLUSTER.ops.json), used by the cost model")
+    prof.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model config override")
+    prof.add_argument("--precision", default="fp32", metavar="fp32|bf16", help="time the model's ops as this "
+                      "precision runs them (bf16: under autocast)")
+    prof.add_argument("--ops-only", action="store_true",
+                      help="with --model: keep the existing cluster file, only time the model's ops")
     prof.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     prof.set_defaults(func=_cmd_profile)
 
@@ -318,6 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="pin ranks as profiled (default: the cluster file's hapc-affinity line)")
     cal.add_argument("--fit", default="compute,memory,launch,comm,latency",
                      help="what to fit: compute, memory, launch, comm, latency, or op classes (matmul, ...)")
+    cal.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                     help="where the programs run (auto: GPUs when the cluster's devices are GPUs and this "
+                          "machine has one per rank of a node, else CPU ranks)")
     cal.add_argument("--runs", default=None, metavar="RUNS.json",
                      help="add these measurements to earlier ones in RUNS.json and fit on all of them")
     cal.add_argument("--write", action="store_true", help="write the fitted values into the cluster file")

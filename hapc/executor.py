@@ -21,8 +21,9 @@ import torch
 
 from hapc.ir.graph import Node, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
-from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
-from hapc.runtime.local_ops import LOCAL_OPS, Collective, RankCtx, ShardInfo
+from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy, empty_ranks
+from hapc.runtime.local_ops import (LOCAL_OPS, Collective, RankCtx, ShardInfo, empty_piece_result,
+                                    rescale_to_global)
 from hapc.tracer import Traced
 
 Pieces = list[torch.Tensor]
@@ -48,14 +49,17 @@ def replicated_program(graph, world: int = 1) -> DistProgram:
 
 
 def run(program: DistProgram, traced: Traced, inputs: Sequence[torch.Tensor], *,
-        dtype: torch.dtype | None = None, seed: int = 0, backward: bool = True) -> RunResult:
-    """Execute ``program`` on ``len(program.shares)`` simulated ranks; return loss and grads."""
+        dtype: torch.dtype | None = None, seed: int = 0, backward: bool = True,
+        autocast: torch.dtype | None = None) -> RunResult:
+    """Execute ``program`` on ``len(program.shares)`` simulated ranks; return loss and grads.
+    ``autocast`` (``torch.bfloat16``) runs the forward under CPU autocast, as a bf16 plan's
+    emitted program does; parameters stay in their own dtype (master weights)."""
     graph = program.graph
     leaves: dict[str, torch.Tensor] = {}
     for name in graph.params:
         t = traced.tensor(name).detach().clone()
         t = t.to(dtype) if dtype is not None and t.is_floating_point() else t
-        leaves[name] = t.requires_grad_(True)
+        leaves[name] = t.requires_grad_(graph.values[name].requires_grad)
     for v in graph.values.values():
         if v.kind in ("buffer", "constant"):
             t = traced.tensor(v.name).detach().clone()
@@ -68,14 +72,15 @@ def run(program: DistProgram, traced: Traced, inputs: Sequence[torch.Tensor], *,
         env[name] = _scatter(program, name, leaves[name], layout)
 
     nodes = {n.name: n for n in graph.nodes}
-    for step in program.steps:
-        if isinstance(step, Redistribute):
-            env[step.out] = redistribute(program, step, env[step.src])
-        else:
-            node = nodes[step.node]
-            outs = _compute(program, node, step, env, seed, dtype)
-            for name, pieces in zip(node.outputs, outs):
-                env[name] = pieces
+    with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        for step in program.steps:
+            if isinstance(step, Redistribute):
+                env[step.out] = redistribute(program, step, env[step.src])
+            else:
+                node = nodes[step.node]
+                outs = _compute(program, node, step, env, seed, dtype)
+                for name, pieces in zip(node.outputs, outs):
+                    env[name] = pieces
 
     out_layout = program.layouts()[graph.output]
     pieces = env[graph.output]
@@ -83,9 +88,10 @@ def run(program: DistProgram, traced: Traced, inputs: Sequence[torch.Tensor], *,
     loss = loss.reshape(())
     grads: dict[str, torch.Tensor] = {}
     if backward and loss.requires_grad:
-        params = [leaves[p] for p in graph.params]
-        got = torch.autograd.grad(loss, params, allow_unused=True)
-        grads = {p: (g if g is not None else torch.zeros_like(leaves[p])) for p, g in zip(graph.params, got)}
+        trainable = [p for p in graph.params if leaves[p].requires_grad]
+        got = torch.autograd.grad(loss, [leaves[p] for p in trainable], allow_unused=True)
+        found = dict(zip(trainable, got))
+        grads = {p: (g if (g := found.get(p)) is not None else torch.zeros_like(leaves[p])) for p in graph.params}
     return RunResult(loss.detach(), grads)
 
 
@@ -157,7 +163,10 @@ def _compute(program: DistProgram, node: Node, step: Compute, env: dict[str, Pie
     for rank in range(world):
         # input_refs may repeat a name with different layouts: substitute by position.
         args, kwargs = _substitute(node, [env[v][rank] for v in step.inputs], dtype)
-        if strat.local is None:
+        if strat.local is None and _empty_here(program, step, rank):
+            res = empty_piece_result([env[v][rank] for v in step.inputs], _local_out_shapes(program, node, strat, rank),
+                                     [program.graph.meta(o).dtype for o in node.outputs])
+        elif strat.local is None:
             res = fn(*args, **kwargs)
         else:
             ctx = RankCtx(rank, world, node.name, node.op,
@@ -176,10 +185,18 @@ def _compute(program: DistProgram, node: Node, step: Compute, env: dict[str, Pie
             pos = strat.rescale[0]
             info = _infos(program, [step.inputs[pos]], [strat.inputs[pos]], rank)[0]
             if info is not None:
-                res = [r * (info.length / info.global_length) for r in res]
+                res = [rescale_to_global(r, info.length, info.global_length) for r in res]
         for i in range(len(node.outputs)):
             outs[i].append(res[i])
     return outs
+
+
+def _empty_here(program: DistProgram, step: Compute, rank: int) -> bool:
+    return rank in empty_ranks(program, step)
+
+
+def _local_out_shapes(program: DistProgram, node: Node, strat: Strategy, rank: int) -> list[tuple[int, ...]]:
+    return [program.local_shape(o, lay, rank) for o, lay in zip(node.outputs, strat.outputs)]
 
 
 def _drive_lockstep(gens: list) -> list[Any]:
@@ -237,5 +254,7 @@ def _substitute(node: Node, tensors: list[torch.Tensor], dtype: torch.dtype | No
 
 
 def _resolve(op: str):
-    _, packet, overload = op.split(".", 2)
-    return getattr(getattr(torch.ops.aten, packet), overload)
+    """``aten.mm.default`` or any library's ``namespace.op.overload`` (registered when the model
+    file was imported) -> the callable operator."""
+    namespace, packet, overload = op.split(".", 2)
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)

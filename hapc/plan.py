@@ -19,6 +19,7 @@ from costmodel.simulator import SimResult, simulate
 from hapc.errors import UserError
 from hapc.ir.graph import Graph
 from hapc.ir.layout import parse_layout
+from hapc.ir.precision import Precision
 from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
 
 FORMAT = "hapc-plan/1"
@@ -33,6 +34,7 @@ class Plan:
     baselines: dict[str, float] = field(default_factory=dict)   # name -> predicted seconds
     search: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)         # file, kwargs, optimizer
+    precision: Precision = field(default_factory=Precision)     # dtypes, TF32, gradient reduction
 
     # ---- the contract's properties ---------------------------------------------------------
     @property
@@ -81,6 +83,18 @@ class Plan:
 
         return summary_text(self)
 
+    def report(self) -> str:
+        """The plan as Markdown: time per iteration, speed-ups, devices, chart (inline PNG)."""
+        from hapc.notebook import plan_markdown
+
+        return plan_markdown(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: the same content as :meth:`report`, as HTML."""
+        from hapc.notebook import plan_html
+
+        return plan_html(self)
+
     def __repr__(self) -> str:
         return (f"Plan({self.name}: {self.cost * 1e3:.3f} ms/iter on {self.cluster.world} devices, "
                 f"lower bound {self.lower_bound * 1e3:.3f} ms)")
@@ -98,12 +112,15 @@ class Plan:
                 steps.append({"redistribute": s.src, "out": s.out, "from": repr(s.src_layout),
                               "to": repr(s.dst_layout), "method": s.method})
         sim = self.sim
+        cluster = self.cluster.to_dict()
+        if self.cluster.op_table is not None:     # the measured times this plan was priced with
+            cluster["measured_ops"] = self.cluster.op_table.restricted_to(self.graph).to_dict()
         return _canonical({
             "format": FORMAT,
             "name": self.name,
             "model": self.model,
             "graph_hash": self.graph.hash(),
-            "cluster": self.cluster.to_dict(),
+            "cluster": cluster,
             "shares": list(self.program.shares),
             "source_layouts": {k: repr(v) for k, v in sorted(self.program.source_layouts.items())},
             "steps": steps,
@@ -115,6 +132,7 @@ class Plan:
             },
             "baselines": self.baselines,
             "search": self.search,
+            "precision": self.precision.to_dict(),
             "graph": self.graph.to_dict(),
         })
 
@@ -151,7 +169,7 @@ class Plan:
         model = data.get("model", {})
         sim = simulate(program, cluster, optimizer=model.get("optimizer", "adamw"))
         return Plan(program, cluster, sim, data.get("name", "hapc"), dict(data.get("baselines", {})),
-                    dict(data.get("search", {})), model)
+                    dict(data.get("search", {})), model, Precision.from_dict(data.get("precision")))
 
     def emit(self, out_dir: str | Path, constants: dict | None = None) -> Path:
         """Write ``out_dir/program.py`` (and the model file beside it); see :mod:`hapc.codegen`.
@@ -166,7 +184,7 @@ class Plan:
         out.mkdir(parents=True, exist_ok=True)
         return Path(emit(self.program, self.model["file"], str(out), model_kwargs=self.model.get("kwargs", {}),
                          optimizer=self.model.get("optimizer", "adamw"), plan_summary=self.summary(),
-                         cluster=self.cluster, constants=constants))
+                         cluster=self.cluster, constants=constants, precision=self.precision))
 
 
 def _canonical(obj: Any) -> Any:

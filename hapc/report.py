@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
     from hapc.plan import Plan
@@ -20,6 +21,8 @@ def summary_text(plan: Plan) -> str:
         f"(lower bound {plan.lower_bound * ms:.3f} ms; {plan.cost / plan.lower_bound:.2f}x of it)"
         if plan.lower_bound > 0 else f"predicted time per iteration: {plan.cost * ms:.3f} ms",
     ]
+    lines.append(f"precision: {plan.precision.describe()}")
+    lines.append(_measured_line(plan))
     if plan.baselines:
         parts = [f"{k} {v * ms:.3f} ms ({v / plan.cost:.2f}x)" for k, v in sorted(plan.baselines.items())]
         lines.append("baselines (speed-up of this plan): " + ", ".join(parts))
@@ -30,6 +33,18 @@ def summary_text(plan: Plan) -> str:
                      f", {s.get('segments', '?')} segments ({s.get('distinct_segments', '?')} distinct), "
                      f"{s.get('states_expanded', '?')} states expanded")
     return "\n".join(lines)
+
+
+def _measured_line(plan: Plan) -> str:
+    """Which compute steps were priced from times measured on the device."""
+    from costmodel.optable import measured_share
+
+    table = plan.cluster.op_table
+    measured, total = measured_share(plan.graph, table, [d.type for d in plan.cluster.devices])
+    if table is None or measured == 0:
+        return f"compute: all {total} op nodes priced by the roofline (no per-op times measured on the device)"
+    return (f"compute: {measured} of {total} op nodes priced from times measured on {table.device} "
+            f"({table.device_name}, torch {table.torch_version}), the rest by the roofline")
 
 
 def write_report(plan: Plan, out_dir: str | Path) -> Path:
@@ -58,18 +73,25 @@ def write_report(plan: Plan, out_dir: str | Path) -> Path:
     return path
 
 
-def _chart(plan: Plan, path: Path) -> bool:
-    try:
-        import matplotlib
+def chart_png(plan: Plan) -> bytes | None:
+    """The per-device time and memory chart as PNG bytes (for inline display); ``None``
+    without matplotlib."""
+    buf = io.BytesIO()
+    return buf.getvalue() if _chart(plan, buf) else None
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+
+def _chart(plan: Plan, path: Path | BinaryIO) -> bool:
+    # matplotlib's Figure without pyplot: no global backend switch, so drawing this chart in a
+    # notebook leaves the user's own plotting set-up alone, and nothing needs closing.
+    try:
+        from matplotlib.figure import Figure
     except ImportError:
         return False
     sim = plan.sim
     ranks = list(range(plan.cluster.world))
     labels = [f"{r}:{d.type}" for r, d in zip(ranks, plan.cluster.devices)]
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(max(8, 0.5 * len(ranks) + 4), 4))
+    fig = Figure(figsize=(max(8, 0.5 * len(ranks) + 4), 4))
+    ax_t, ax_m = fig.subplots(1, 2)
     ms = [x * 1e3 for x in sim.compute_seconds]
     cm = [x * 1e3 for x in sim.comm_seconds]
     idle = [x * 1e3 for x in sim.idle_seconds]
@@ -88,6 +110,5 @@ def _chart(plan: Plan, path: Path) -> bool:
         ax.set_xticks(ranks)
         ax.set_xticklabels(labels, rotation=90, fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    fig.savefig(path, dpi=100, format="png")
     return True

@@ -13,7 +13,6 @@ from __future__ import annotations
 import operator
 import os
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +21,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from hapc.errors import UserError
+from hapc.functionalize import functionalize
+from hapc.quiet import quiet_torch
 from hapc.ir.graph import Cost, Graph, Node, Ref, SourceLoc, TensorMeta, Value
 
 # Ops that only reinterpret memory: they move no bytes.
@@ -46,6 +47,7 @@ NON_DIFFERENTIABLE_OPS = {
     "aten.zeros.default", "aten.ones.default", "aten.full.default", "aten.zeros_like.default",
     "aten.ones_like.default", "aten.full_like.default", "aten.empty.memory_format",
     "aten.bitwise_not.default", "aten.logical_not.default", "aten.scalar_tensor.default",
+    "aten.detach.default",
 }
 
 
@@ -57,6 +59,12 @@ class Traced:
     module: torch.nn.Module
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
     seconds: float = 0.0
+
+    def dataless_constants(self) -> list[str]:
+        """Constants the graph reads that were traced on the meta device and so carry no data
+        (Falcon's ``x[..., [-2], :]`` index list): a program must re-derive them."""
+        return sorted(v.target for v in self.graph.values.values()
+                      if v.kind == "constant" and v.target in self.constants and self.constants[v.target].is_meta)
 
     def tensor(self, name: str) -> torch.Tensor:
         """The real tensor behind a parameter, buffer or lifted constant."""
@@ -81,18 +89,34 @@ def trace(model: torch.nn.Module, inputs: Sequence[Any], *, has_rule=None) -> Tr
     start = time.perf_counter()
     inputs = tuple(inputs)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet_torch():
             ep = torch.export.export(model, inputs, strict=False)
+    except UserError:
+        raise
     except Exception as exc:  # torch's own message names the construct it cannot trace
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"torch.export could not trace the model: {first}") from exc
-    graph = _lift(ep)
+        raise UserError(f"torch.export could not trace the model: {_export_error(exc)}") from exc
+    graph = functionalize(_lift(ep))
     _mark_requires_grad(graph)
     _annotate_costs(graph, ep)
     graph.unsupported = _unsupported(graph, has_rule)
     constants = {k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)}
     return Traced(graph, model, constants, time.perf_counter() - start)
+
+
+def _export_error(exc: Exception) -> str:
+    """torch.export's first line, and the user's line that raised it when torch names one."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() == "The following call raised this error:" and i + 1 < len(lines):
+            frame = lines[i + 1].strip()
+            if frame.startswith('File "') and ", line " in frame:
+                file = os.path.basename(frame.split('"')[1])
+                lineno = frame.split(", line ")[1].split(",")[0]
+                code = lines[i + 2].strip() if i + 2 < len(lines) else ""
+                return f"{first} (at {file}:{lineno}: {code})" if code else f"{first} (at {file}:{lineno})"
+    return first
 
 
 def _meta_of(val: Any) -> TensorMeta | None:
@@ -122,61 +146,78 @@ def _lift(ep: torch.export.ExportedProgram) -> Graph:
     alias: dict[str, Any] = {}      # fx node name -> Ref, or a list of Refs for multi-output ops
     output = None
 
-    def lift_arg(a: Any) -> Any:
+    def lift_arg(a: Any, prefix: str) -> Any:
         if isinstance(a, torch.fx.Node):
-            return alias[a.name]
+            return alias[prefix + a.name]
         if isinstance(a, (list, tuple)):
-            return type(a)(lift_arg(x) for x in a)
+            return type(a)(lift_arg(x, prefix) for x in a)
         if isinstance(a, torch.dtype):
             return str(a).removeprefix("torch.")
         if isinstance(a, (torch.device, torch.layout, torch.memory_format)):
             return str(a)
         return a
 
-    for fx in ep.graph.nodes:
-        if fx.op == "placeholder":
-            meta = _meta_of(fx.meta.get("val"))
-            if meta is None:
-                continue
-            kind, target = kinds.get(fx.name, ("input", None))
-            values[fx.name] = Value(fx.name, meta, kind, target, requires_grad=kind == "param")
-            {"param": params, "buffer": buffers, "input": inputs}.get(kind, []).append(fx.name)
-            alias[fx.name] = Ref(fx.name)
-        elif fx.op == "call_function" and fx.target is operator.getitem:
-            alias[fx.name] = alias[fx.args[0].name][fx.args[1]]
-        elif fx.op == "call_function":
-            val = fx.meta.get("val")
-            if isinstance(val, (list, tuple)):
-                metas = [_meta_of(v) for v in val]
-                outs = [f"{fx.name}_{i}" for i in range(len(val))]
-                # Prefer the names of the getitem nodes that read the outputs.
-                for user in fx.users:
-                    if user.target is operator.getitem and isinstance(user.args[1], int):
-                        outs[user.args[1]] = user.name
-                alias[fx.name] = [Ref(o) for o in outs]
-            else:
-                metas, outs = [_meta_of(val)], [fx.name]
+    def lift_call(fx: torch.fx.Node, prefix: str) -> None:
+        name = prefix + fx.name
+        if isinstance(fx.target, torch._ops.HigherOrderOperator):
+            alias[name] = _inline_hop(fx, prefix, ep.graph_module, lift_graph, lift_arg, values, nodes)
+            return
+        val = fx.meta.get("val")
+        if isinstance(val, (list, tuple)):
+            metas = [_meta_of(v) for v in val]
+            outs = [f"{name}_{i}" for i in range(len(val))]
+            # Prefer the names of the getitem nodes that read the outputs.
+            for user in fx.users:
+                if user.target is operator.getitem and isinstance(user.args[1], int):
+                    outs[user.args[1]] = prefix + user.name
+            alias[name] = [Ref(o) for o in outs]
+        else:
+            metas, outs = [_meta_of(val)], [name]
+            alias[name] = Ref(name)
+        for o, m in zip(outs, metas):
+            if m is not None:
+                values[o] = Value(o, m, "activation")
+        kept = tuple(o for o, m in zip(outs, metas) if m is not None)
+        op, in_place = _functional(_op_name(fx.target))
+        if op.startswith("aten._assert") or (not kept and op in DROPPED_OPS):
+            return
+        args = tuple(lift_arg(a, prefix) for a in fx.args)
+        mutates = args[0].name if in_place and args and isinstance(args[0], Ref) else None
+        nodes.append(Node(name=name, op=op, args=args, kwargs={k: lift_arg(v, prefix) for k, v in fx.kwargs.items()},
+                          outputs=kept, source=_source(fx), mutates=mutates))
+
+    def lift_graph(fx_graph: torch.fx.Graph, prefix: str, operands: Sequence[Any] = ()) -> list[Any]:
+        """Lift one fx graph; a higher-order op's body (``prefix`` set) takes ``operands`` for
+        its placeholders and returns what its output node lists."""
+        operand = iter(operands)
+        result: list[Any] = []
+        for fx in fx_graph.nodes:
+            if fx.op == "placeholder" and prefix:
+                alias[prefix + fx.name] = next(operand)
+            elif fx.op == "placeholder":
+                meta = _meta_of(fx.meta.get("val"))
+                if meta is None:
+                    continue
+                kind, target = kinds.get(fx.name, ("input", None))
+                # A frozen parameter (``requires_grad=False``) is data: no gradient, no sync.
+                trainable = kind == "param" and bool(getattr(fx.meta.get("val"), "requires_grad", True))
+                values[fx.name] = Value(fx.name, meta, kind, target, requires_grad=trainable)
+                {"param": params, "buffer": buffers, "input": inputs}.get(kind, []).append(fx.name)
                 alias[fx.name] = Ref(fx.name)
-            for o, m in zip(outs, metas):
-                if m is not None:
-                    values[o] = Value(o, m, "activation")
-            kept = tuple(o for o, m in zip(outs, metas) if m is not None)
-            op, mutates = _functional(_op_name(fx.target), fx)
-            if op.startswith("aten._assert") or (not kept and op in DROPPED_OPS):
-                continue
-            nodes.append(Node(
-                name=fx.name, op=op,
-                args=tuple(lift_arg(a) for a in fx.args),
-                kwargs={k: lift_arg(v) for k, v in fx.kwargs.items()},
-                outputs=kept, source=_source(fx), mutates=mutates))
-        elif fx.op == "output":
-            outs = [a for a in fx.args[0] if isinstance(a, torch.fx.Node)]
-            user_outputs = [s.arg.name for s in sig.output_specs if s.kind.name == "USER_OUTPUT"]
-            chosen = [o for o in outs if o.name in user_outputs] or outs
-            if len(chosen) != 1:
-                raise UserError(f"forward must return one scalar loss, got {len(chosen)} outputs")
-            ref = alias[chosen[0].name]
-            output = ref.name
+            elif fx.op == "call_function" and fx.target is operator.getitem:
+                alias[prefix + fx.name] = alias[prefix + fx.args[0].name][fx.args[1]]
+            elif fx.op == "call_function":
+                lift_call(fx, prefix)
+            elif fx.op == "output":
+                result = list(fx.args[0]) if isinstance(fx.args[0], (list, tuple)) else [fx.args[0]]
+        return result
+
+    outs = [a for a in lift_graph(ep.graph, "") if isinstance(a, torch.fx.Node)]
+    user_outputs = [s.arg.name for s in sig.output_specs if s.kind.name == "USER_OUTPUT"]
+    chosen = [o for o in outs if o.name in user_outputs] or outs
+    if len(chosen) != 1:
+        raise UserError(f"forward must return one scalar loss, got {len(chosen)} outputs")
+    output = alias[chosen[0].name].name
     if output is None:
         raise UserError("forward returned no tensor")
     if values[output].meta.numel != 1:
@@ -192,22 +233,77 @@ def _lift(ep: torch.export.ExportedProgram) -> Graph:
     return Graph(values, nodes, inputs, params, buffers, output)
 
 
-def _functional(op: str, fx: torch.fx.Node) -> tuple[str, str | None]:
-    """``aten.add_.Tensor`` -> (``aten.add.Tensor``, name of the overwritten input).
+def _functional(op: str) -> tuple[str, bool]:
+    """``aten.add_.Tensor`` -> (``aten.add.Tensor``, True): the op wrote its first argument.
 
     Every later stage then sees pure ops: a replicated value shared by simulated ranks is
-    never mutated N times, and rules need no in-place twins.
+    never mutated N times, and rules need no in-place twins (:mod:`hapc.functionalize` makes
+    later readers see the written value).
     """
     parts = op.split(".")
     if len(parts) == 3 and parts[1].endswith("_") and not parts[1].startswith("_"):
-        functional = f"aten.{parts[1][:-1]}.{parts[2]}"
+        functional = f"{parts[0]}.{parts[1][:-1]}.{parts[2]}"
         if _resolve_op(functional) is not None:
-            first = fx.args[0] if fx.args else None
-            return functional, first.name if isinstance(first, torch.fx.Node) else None
-    return op, None
+            return functional, True
+    return op, False
+
+
+# Higher-order ops whose body is plain code the program can run inline (export wraps autocast
+# and grad-mode regions, activation checkpointing and repeated subgraphs in them).
+INLINED_HOPS = {"wrap_with_autocast", "wrap_with_set_grad_enabled", "wrap", "tag_activation_checkpoint",
+                "invoke_subgraph"}
+
+
+def _inline_hop(fx: torch.fx.Node, prefix: str, root: torch.fx.GraphModule, lift_graph, lift_arg,
+                values: dict[str, Value], nodes: list[Node]) -> list[Ref]:
+    """Lift a higher-order op's body in its place; returns the Refs of its results.
+
+    * ``wrap_with_autocast(device, dtype, enabled=False, ...)`` (Llama's rotary embedding):
+      the program runs without autocast anyway, so the region's ops run as traced. An
+      *enabled* autocast region would compute in another dtype than its traced ops say: refused.
+    * ``wrap_with_set_grad_enabled(False, ...)`` (``torch.no_grad()``): inlined, and its
+      results are detached so that no gradient flows back through them, as in the model.
+    * ``wrap``, ``tag_activation_checkpoint``, ``invoke_subgraph``: the same values as inline code.
+    """
+    hop = fx.target.name()
+    body_at = next((i for i, a in enumerate(fx.args) if isinstance(a, torch.fx.Node) and a.op == "get_attr"), None)
+    body = root
+    for part in fx.args[body_at].target.split(".") if body_at is not None else ():
+        body = getattr(body, part)
+    # The op itself carries no stack trace; the first op of its body names the user's line.
+    located = [_source(n) for n in ([fx] + list(getattr(body, "graph", root.graph).nodes)) if n.op == "call_function"]
+    where = next((f" at {loc}" for loc in located if loc is not None), "")
+    if hop not in INLINED_HOPS:
+        raise UserError(f"torch.export produced the higher-order op {hop}{where}, which hapc cannot "
+                        "run yet; rewrite that region without it")
+    if body_at is None:
+        raise UserError(f"the higher-order op {hop}{where} has no body to inline")
+    if hop == "wrap_with_autocast" and fx.args[2]:
+        raise UserError(f"an enabled torch.autocast region inside forward{where} is not supported; "
+                        "choose the precision with hapc compile --precision instead")
+    inner = f"{prefix}{fx.name}__"
+    operands = [lift_arg(a, prefix) for a in fx.args[body_at + 1:]]
+    results = [lift_arg(a, inner) for a in lift_graph(body.graph, inner, operands)]
+    if hop == "wrap_with_set_grad_enabled" and not fx.args[0]:
+        detached = []
+        for i, ref in enumerate(results):
+            if not isinstance(ref, Ref) or not values[ref.name].meta.is_float:
+                detached.append(ref)
+                continue
+            out = f"{prefix}{fx.name}_nograd_{i}"
+            values[out] = Value(out, values[ref.name].meta, "activation")
+            nodes.append(Node(name=out, op="aten.detach.default", args=(ref,), kwargs={}, outputs=(out,),
+                              source=_source(fx)))
+            detached.append(Ref(out))
+        results = detached
+    return results
 
 
 def _op_name(target: Any) -> str:
+    """``namespace.op.overload`` for any operator overload (``aten.mm.default``, a library's
+    ``transformers.grouped_mm_fallback.default``); a plain callable's own name otherwise."""
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._opname}.{target._overloadname}"
     name = str(target)
     return name if name.startswith("aten.") else getattr(target, "__name__", name)
 
@@ -330,12 +426,14 @@ def _counted_flops(graph: Graph, node: Node) -> tuple[float, float]:
 
 
 def _resolve_op(name: str):
-    if not name.startswith("aten."):
+    """The operator overload behind ``namespace.op.overload``, or None (a higher-order op or a
+    name no library registered in this process)."""
+    parts = name.split(".")
+    if len(parts) != 3:
         return None
-    _, packet, overload = name.split(".", 2)
     try:
-        return getattr(getattr(torch.ops.aten, packet), overload)
-    except AttributeError:
+        return getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+    except (AttributeError, RuntimeError):
         return None
 
 

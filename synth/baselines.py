@@ -30,8 +30,11 @@ def even_shares(world: int) -> tuple[float, ...]:
     return tuple(1.0 / world for _ in range(world))
 
 
-def _batch_sharded(graph: Graph) -> dict[str, Layout]:
-    return {name: Shard(0) for name in graph.inputs if graph.meta(name).shape and graph.meta(name).shape[0] > 1}
+def _batch_sharded(graph: Graph, world: int) -> dict[str, Layout]:
+    """Inputs split along the batch, as DDP splits them: only a batch with a sample for every
+    device (DDP cannot give a rank an empty batch; the search does not either)."""
+    return {name: Shard(0) for name in graph.inputs
+            if graph.meta(name).shape and graph.meta(name).shape[0] >= max(2, world)}
 
 
 def _largest_dim(graph: Graph, name: str) -> int | None:
@@ -43,14 +46,14 @@ def _largest_dim(graph: Graph, name: str) -> int | None:
 def baseline_program(name: str, graph: Graph, cluster: Cluster) -> DistProgram:
     world = cluster.world
     if name == "dp-even":
-        return propagate(graph, even_shares(world), _batch_sharded(graph), score=_data_parallel_score(graph))
+        return propagate(graph, even_shares(world), _batch_sharded(graph, world), score=_data_parallel_score(graph))
     if name == "dp-flops":
-        return propagate(graph, cluster.flops_shares(), _batch_sharded(graph), score=_data_parallel_score(graph))
+        return propagate(graph, cluster.flops_shares(), _batch_sharded(graph, world), score=_data_parallel_score(graph))
     if name == "zero3":
-        layouts: dict[str, Layout] = dict(_batch_sharded(graph))
+        layouts: dict[str, Layout] = dict(_batch_sharded(graph, world))
         for p in graph.params:
             d = _largest_dim(graph, p)
-            if d is not None and graph.values[p].requires_grad:
+            if d is not None and graph.values[p].requires_grad and graph.meta(p).shape[d] >= world:
                 layouts[p] = Shard(d)
         return propagate(graph, even_shares(world), layouts, score=_gather_params_score)
     if name == "megatron-tp":
@@ -91,7 +94,7 @@ def _gather_params_score(node, strategy, builder) -> float:
     from synth.builder import redistribution_penalty
 
     cost = 0.0
-    for value, lay in zip(node.input_refs(), strategy.inputs):
+    for value, lay in zip(builder.refs(node), strategy.inputs):
         if builder.graph.values[value].kind == "param":
             cost += 0.0 if isinstance(lay, Replicate) else 10.0
         else:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from hapc.ir.graph import Graph, Node
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
-from hapc.rules.registry import strategies
+from synth.space import node_strategies
 
 
 class ProgramBuilder:
@@ -34,6 +34,14 @@ class ProgramBuilder:
         # value -> {layout: name of the copy holding it in that layout}
         self._copies: dict[str, dict[Layout, str]] = {n: {lay: n} for n, lay in layouts.items()}
         self._nodes = {n.name: n for n in graph.nodes}
+        self._refs: dict[str, list[str]] = {}
+
+    def refs(self, node: Node) -> list[str]:
+        """``node.input_refs()``, remembered: greedy policies score every strategy of a node."""
+        hit = self._refs.get(node.name)
+        if hit is None:
+            hit = self._refs[node.name] = node.input_refs()
+        return hit
 
     def layouts_of(self, value: str) -> dict[Layout, str]:
         return self._copies[value]
@@ -63,7 +71,7 @@ class ProgramBuilder:
         node = self._nodes[node] if isinstance(node, str) else node
         sources = sources or [None] * len(strategy.inputs)
         reads = tuple(self.ensure(v, lay, source=src)
-                      for v, lay, src in zip(node.input_refs(), strategy.inputs, sources))
+                      for v, lay, src in zip(self.refs(node), strategy.inputs, sources))
         self.program.steps.append(Compute(node.name, strategy, reads))
         for out, lay in zip(node.outputs, strategy.outputs):
             self._copies[out] = {lay: out}
@@ -102,7 +110,7 @@ def redistribution_penalty(have: Iterable[Layout], want: Layout) -> float:
 def greedy_score(node: Node, s: Strategy, b: ProgramBuilder) -> float:
     """Propagation's default preference: no redistribution, then sharded outputs (less work
     per rank), and Partial outputs last."""
-    cost = sum(redistribution_penalty(b.layouts_of(v), lay) for v, lay in zip(node.input_refs(), s.inputs))
+    cost = sum(redistribution_penalty(b.layouts_of(v), lay) for v, lay in zip(b.refs(node), s.inputs))
     sharded_out = any(isinstance(o, Shard) for o in s.outputs)
     return cost - (0.05 if sharded_out else 0.0) + (0.01 if any(isinstance(o, Partial) for o in s.outputs) else 0.0)
 
@@ -113,7 +121,7 @@ def propagate(graph: Graph, shares: Sequence[float], source_layouts: dict[str, L
     builder = ProgramBuilder(graph, shares, source_layouts)
     score = score or greedy_score
     for node in graph.nodes:
-        options = strategies(node, graph)
+        options = node_strategies(graph, node)
         best = min(options, key=lambda s: (score(node, s, builder), options.index(s)))
         builder.compute(node, best)
     return builder.build()

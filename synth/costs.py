@@ -49,6 +49,13 @@ class Prices:
         self._compute: dict[tuple, float] = {}
         self._moves: dict[tuple, MovePrice] = {}
         self._lengths = lru_cache(maxsize=None)(self._lengths_uncached)
+        # Devices with the same capabilities compute alike: price each kind once, not each of
+        # hundreds of ranks (a 256-GPU cluster has two kinds).
+        kinds = [(d.type, tuple(sorted(d.peak_flops.items())), d.hbm_bandwidth_Bps) for d in cluster.devices]
+        self._device_kinds = kinds
+        self._kind_device: dict[tuple, object] = {}
+        for kind, device in zip(kinds, cluster.devices):
+            self._kind_device.setdefault(kind, device)
 
     # ---- compute -------------------------------------------------------------------------
     def fractions(self, length: int | None) -> tuple[float, ...]:
@@ -71,8 +78,8 @@ class Prices:
         if hit is not None:
             return hit
         worst = 0.0
-        for rank, f in enumerate(self.fractions(length)):
-            t = node_seconds(node, self.graph, self.cluster.devices[rank], self.cluster, f)
+        for kind, f in set(zip(self._device_kinds, self.fractions(length))):    # not per device
+            t = node_seconds(node, self.graph, self._kind_device[kind], self.cluster, f)
             worst = max(worst, t.fwd_seconds + t.bwd_seconds)
         if self.world > 1:            # all-reduces the local op runs inside itself
             fwd, bwd = internal_all_reduces(strategy.local, node, self.graph)
@@ -86,9 +93,12 @@ class Prices:
         hit = self._compute.get(ck)
         if hit is None:
             rate = 0.0
-            for rank in range(self.world):
-                t = node_seconds(node, self.graph, self.cluster.devices[rank], self.cluster, 1.0)
-                total = t.fwd_seconds + t.bwd_seconds
+            per_kind = {}
+            for kind in self._device_kinds:       # summed rank by rank, priced kind by kind
+                total = per_kind.get(kind)
+                if total is None:
+                    t = node_seconds(node, self.graph, self._kind_device[kind], self.cluster, 1.0)
+                    total = per_kind[kind] = t.fwd_seconds + t.bwd_seconds
                 rate += 1.0 / total if total > 0 else 0.0
             hit = 1.0 / rate if rate > 0 else 0.0
             self._compute[ck] = hit

@@ -285,7 +285,8 @@ def solve_shares(problem: ShareProblem, backend: str = "highs") -> ShareSolution
 
 class _Rows:
     """The problem's rows over the flattened shares (index ``k * devices + r``): times
-    scaled so the largest coefficient is 1, memory in GB (one row per capped device)."""
+    scaled so the largest coefficient is 1, memory in units of the
+    largest capacity (one row per capped device)."""
 
     def __init__(self, p: ShareProblem) -> None:
         k_seg, n_dev = p.a.shape
@@ -298,10 +299,14 @@ class _Rows:
             self.eq[k, k * n_dev:(k + 1) * n_dev] = 1.0
             self.time[np.arange(n_dev), k * n_dev + np.arange(n_dev)] = p.a[k] / scale
         self.limited = [r for r in range(n_dev) if np.isfinite(p.capacity[r])]
+        # Memory rows in units of the largest capacity, so that they are O(1) for a 2 KB device as
+        # for an 80 GB one: in fixed GB a tiny model's overflow sat below the solver's tolerance.
+        caps = [float(p.capacity[r]) for r in self.limited]
+        self.mem_unit_bytes = max([c for c in caps if c > 0], default=1e9)
         self.mem_a = np.zeros((len(self.limited), ns))
         for i, r in enumerate(self.limited):
-            self.mem_a[i, r::n_dev] = p.m[:, r] / 1e9
-        self.mem_gb = np.array([(p.capacity[r] - p.c[r]) / 1e9 for r in self.limited])
+            self.mem_a[i, r::n_dev] = p.m[:, r] / self.mem_unit_bytes
+        self.mem_cap = np.array([(p.capacity[r] - p.c[r]) / self.mem_unit_bytes for r in self.limited])
         self.lower = np.where(p.has_work, p.min_share, 0.0).ravel()
         self.upper = p.has_work.astype(float).ravel()
         ref = np.zeros((k_seg, n_dev))
@@ -318,7 +323,7 @@ class _Rows:
         segment sums, share bounds and (unless told not to) memory rows are always in."""
         n_x = len(extra_cost)
         if memory_rows:
-            ub = [*ub, (self.mem_a, np.zeros((len(self.mem_gb), n_x)), self.mem_gb)]
+            ub = [*ub, (self.mem_a, np.zeros((len(self.mem_cap), n_x)), self.mem_cap)]
         return _LP(np.concatenate([np.zeros(self.ns), extra_cost]),
                    np.vstack([np.hstack([s, e]) for s, e, _ in ub]),
                    np.concatenate([rhs for _, _, rhs in ub]),
@@ -370,8 +375,8 @@ def _polish(rows: _Rows, x: np.ndarray, round_of: np.ndarray, level: np.ndarray,
     eye, levels = np.eye(ns), np.eye(n_lv)[round_of]
     near = [(np.abs(x - rows.lower) <= tight, eye, rows.lower),
             (np.abs(x - rows.upper) <= tight, eye, rows.upper),
-            (np.abs(rows.mem_a @ x - rows.mem_gb) <= tight * np.maximum(1, rows.mem_gb),
-             rows.mem_a, rows.mem_gb)]
+            (np.abs(rows.mem_a @ x - rows.mem_cap) <= tight * np.maximum(1, rows.mem_cap),
+             rows.mem_a, rows.mem_cap)]
     if tie_break:
         near.append((np.abs(x - rows.reference) <= tight, eye, rows.reference))
     a = np.vstack([np.hstack([rows.eq, np.zeros((len(rows.eq), n_lv))]),
@@ -383,7 +388,7 @@ def _polish(rows: _Rows, x: np.ndarray, round_of: np.ndarray, level: np.ndarray,
     exact = rank == ns + n_lv and np.abs(a @ sol - b).max() <= 1e-10 and \
         np.abs(s - x).max() <= 10 * tight and np.all(s >= rows.lower - 1e-12) and \
         np.all(s <= rows.upper + 1e-12) and \
-        np.all(rows.mem_a @ s <= rows.mem_gb + 1e-9 * np.maximum(1, rows.mem_gb)) and \
+        np.all(rows.mem_a @ s <= rows.mem_cap + 1e-9 * np.maximum(1, rows.mem_cap)) and \
         np.all(rows.time @ s + rows.b <= level + tight)
     return s if exact else x
 
@@ -392,20 +397,20 @@ def _memory_infeasible(p: ShareProblem, rows: _Rows, solve: _Solver) -> MemoryIn
     """Why nothing fits: the least total overflow (GB, one variable per capped device), then,
     at that total, the most even spread of it, so the message names one answer."""
     n_lim, eye, zero = len(rows.limited), np.eye(len(rows.limited)), np.zeros
-    status, x, _ = solve(rows.lp(np.ones(n_lim), [(rows.mem_a, -eye, rows.mem_gb)],
+    status, x, _ = solve(rows.lp(np.ones(n_lim), [(rows.mem_a, -eye, rows.mem_cap)],
                                  zero(n_lim), np.full(n_lim, np.inf), memory_rows=False))
     if status == "optimal":  # second variable block: z >= every overflow
         total = x[rows.ns:].sum()
         status, x, _ = solve(rows.lp(np.eye(n_lim + 1)[n_lim], [
-            (rows.mem_a, np.hstack([-eye, zero((n_lim, 1))]), rows.mem_gb),
+            (rows.mem_a, np.hstack([-eye, zero((n_lim, 1))]), rows.mem_cap),
             (zero((1, rows.ns)), np.append(np.ones(n_lim), 0.0)[None], [total * (1 + 1e-9) + 1e-6]),
             (zero((n_lim, rows.ns)), np.hstack([eye, -np.ones((n_lim, 1))]), zero(n_lim))],
             zero(n_lim + 1), np.full(n_lim + 1, np.inf), memory_rows=False))
     if status != "optimal":
         raise RuntimeError("ratio LP: the overflow LP failed")
-    over_gb = x[rows.ns:rows.ns + n_lim]
-    missing = {p.device_names[r]: float(over_gb[i]) * 1e9
-               for i, r in enumerate(rows.limited) if over_gb[i] > 1e-6}
+    over = x[rows.ns:rows.ns + n_lim]       # in units of rows.mem_unit_bytes
+    missing = {p.device_names[r]: float(over[i]) * rows.mem_unit_bytes
+               for i, r in enumerate(rows.limited) if over[i] > 1e-6}
     if not missing:
         raise RuntimeError("ratio LP reported infeasible memory but nothing overflows")
     parts = ", ".join(f"{v / 1e9:.3g} GB missing on {name}" for name, v in missing.items())

@@ -28,7 +28,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import operator
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
@@ -88,9 +90,12 @@ class Searcher:
         self._move_cache: dict[tuple[int, int, int], float] = {}
         self._conv_cache: dict[tuple[int, int, int], tuple[float, int]] = {}
         self._codes_cache: dict[int, list[int]] = {}
+        self._alt_cache: dict[tuple[int, int], list[tuple[int, float]]] = {}
+        self._templates: dict[tuple, list[tuple]] = {}
         # Expansions one segment may use before it is finished by a beam (and marked inexact).
         self.segment_budget = 8_000
-        self._hard: set[str] = set()
+        self._hard = space.hard_segments
+        self._timed_out: set[str] = set()
         self._live = [[self._vid[v] for v in live] for live in space.live]
         self._tables = [self._compile(ns) for ns in space.nodes]
 
@@ -158,15 +163,40 @@ class Searcher:
         return best
 
     def _compile(self, ns: NodeSpace) -> list[tuple]:
-        """Per strategy: (state-independent seconds, activation inputs, fixed sources, carry).
+        """Per strategy: (state-independent seconds, activation inputs, fixed sources, carry,
+        carrier).
 
         States are tuples of layout masks aligned with the (static) list of activations live
         before each node, so a move is index arithmetic. Parameter and free inputs cost the
         same in every state, so they are priced here once. ``carry`` says, for each value live
-        after the node, which slot before it holds its layouts, or which mask it is born with.
+        after the node, which slot before it holds its layouts, or which mask it is born with;
+        ``carrier`` applies it. Repeated layers have the same table up to which activations
+        they read, so the table is built once per shape and only the value ids are filled in.
         """
         i = ns.index
         before = {vid: k for k, vid in enumerate(self._live[i])}
+        shape: list = []
+        act_vids: dict[int, int] = {}
+        for pos, (value, kind) in enumerate(ns.inputs):
+            if kind == PARAM:
+                v = self.graph.values[value]
+                shape.append((v.meta, v.requires_grad, self.space.param_uses.get(value, 1)))
+            elif kind == FREE:
+                shape.append(None)
+            else:
+                act_vids[pos] = vid = self._vid[value]
+                shape.append(before[vid])
+        born_at = {self._vid[o]: k for k, o in enumerate(ns.node.outputs)}
+        carry_shape = tuple(before[vid] if vid in before else -1 - born_at[vid] for vid in self._live[i + 1])
+        key = (ns.signature, len(before), tuple(shape), carry_shape)
+        template = self._templates.get(key)
+        if template is None:
+            template = self._templates[key] = self._compile_template(ns, shape, carry_shape)
+        return [(base, tuple((pos, slot, want, act_vids[pos]) for pos, slot, want in acts), fixed, carry, carried)
+                for base, acts, fixed, carry, carried in template]
+
+    def _compile_template(self, ns: NodeSpace, shape: list, carry_shape: tuple[int, ...]) -> list[tuple]:
+        """:meth:`_compile`'s table with activation inputs as (position, slot, layout code)."""
         table = []
         for k, strat in enumerate(ns.options):
             base = ns.compute_seconds[k]
@@ -186,11 +216,10 @@ class Searcher:
                     fixed.append(storage)
                 else:
                     fixed.append(None)
-                    vid = self._vid[value]
-                    acts.append((pos, before[vid], self.code(want), vid))
-            born = {self._vid[o]: 1 << self.code(lay) for o, lay in zip(ns.node.outputs, strat.outputs)}
-            carry = tuple((before[vid], 0) if vid in before else (-1, born[vid]) for vid in self._live[i + 1])
-            table.append((base, tuple(acts), tuple(fixed), carry))
+                    acts.append((pos, shape[pos], self.code(want)))
+            born = [1 << self.code(lay) for lay in strat.outputs]
+            carry = tuple((slot, 0) if slot >= 0 else (-1, born[-1 - slot]) for slot in carry_shape)
+            table.append((base, tuple(acts), tuple(fixed), carry, _carrier(carry, len(self._live[ns.index]))))
         return table
 
     def _expand(self, ns: NodeSpace, state: State) -> list[tuple[State, float, int, tuple]]:
@@ -201,9 +230,9 @@ class Searcher:
         convert = self._convert
         layouts = self.layouts
         out = []
-        for k, (base, acts, fixed, carry) in enumerate(self._tables[ns.index]):
+        for k, (base, acts, fixed, _, carried) in enumerate(self._tables[ns.index]):
             if not acts:
-                out.append((tuple(state[slot] if slot >= 0 else bit for slot, bit in carry), base, k, fixed))
+                out.append((carried(list(state)), base, k, fixed))
                 continue
             cost = base
             masks = list(state)
@@ -218,7 +247,7 @@ class Searcher:
                 cost += c
                 sources[pos] = layouts[src]
                 masks[slot] = mask | bit
-            out.append((tuple(masks[slot] if slot >= 0 else bit for slot, bit in carry), cost, k, tuple(sources)))
+            out.append((carried(masks), cost, k, tuple(sources)))
         return out
 
     # ---- one segment ----------------------------------------------------------------------
@@ -234,59 +263,64 @@ class Searcher:
         key = (seg.signature, tuple(sorted((st, round(g - base, 13)) for st, (g, _) in frontier.items())))
         hit = self._memo.get(key)
         if hit is None:
-            hit = self._beam_segment(seg, frontier, base) if seg.signature in self._hard else \
+            beam = seg.signature in self._hard or seg.signature in self._timed_out
+            hit = self._beam_segment(seg, frontier, base) if beam else \
                 self._astar_segment(seg, frontier, base)
             self._memo[key] = hit
         return {st: (base + g_rel, frontier[entry][1] + sub) for st, (g_rel, entry, sub) in hit.items()}
 
     def _astar_segment(self, seg: Segment, frontier: Frontier, base: float) -> dict:
         nodes = self.space.nodes
-        h = [0.0] * (seg.stop - seg.start + 1)
-        for j in range(seg.stop - 1, seg.start - 1, -1):
-            h[j - seg.start] = h[j - seg.start + 1] + self._node_floor(nodes[j])
-        best_g: dict[tuple, float] = {}
-        parent: dict[tuple, tuple[tuple, Choice] | None] = {}
+        heuristic = _ValueBound(self, seg).of
+        # Per node of the segment: state -> best cost so far, and state -> (previous state,
+        # strategy, sources) of the move that reached it.
+        best_g: list[dict[State, float]] = [{} for _ in range(seg.start, seg.stop + 1)]
+        parent: list[dict[State, tuple]] = [{} for _ in range(seg.start, seg.stop + 1)]
         counter = itertools.count()
         heap = []
         for entry, (g, _) in sorted(frontier.items()):
-            best_g[(seg.start, entry)] = g - base
-            parent[(seg.start, entry)] = None
-            heap.append((g - base + h[0], next(counter), seg.start, entry))
+            best_g[0][entry] = g - base
+            h0 = heuristic(seg.start, entry)
+            heap.append((g - base + h0, next(counter), seg.start, entry, h0))
         heapq.heapify(heap)
         exits: dict[State, float] = {}
         bound = math.inf
         budget = self.segment_budget
         while heap:
-            f, _, i, state = heapq.heappop(heap)
+            f, _, i, state, h_state = heapq.heappop(heap)
             if f > bound + 1e-15:
                 break
-            g = best_g[(i, state)]
-            if g + h[i - seg.start] < f - 1e-15:
+            layer = best_g[i - seg.start]
+            g = layer[state]
+            if g + h_state < f - 1e-15:
                 continue                              # a stale entry of a state since improved
             if i == seg.stop:
                 exits.setdefault(state, g)
                 if bound == math.inf:   # the best exit: others matter only if cheaper than converting it
                     bound = g + self._conversion_bound(seg.stop, state)
                 continue
-            if i > seg.start and self._dominated(i, state, g, best_g):
+            if i > seg.start and self._dominated(i, state, g, layer):
                 continue
             budget -= 1
             if budget < 0 or (self.deadline is not None and time.perf_counter() > self.deadline):
                 # Out of time or states: finish with a beam, and say the plan is not proven optimal.
-                self._hard.add(seg.signature)
+                # Running out of states is the segment's nature (remembered for every search of
+                # this graph); running out of time is this search's.
+                (self._hard if budget < 0 else self._timed_out).add(seg.signature)
                 return self._beam_segment(seg, frontier, base)
             self.expanded += 1
-            h_next = h[i + 1 - seg.start]
+            next_g = best_g[i + 1 - seg.start]
+            next_parent = parent[i + 1 - seg.start]
             for new_state, cost, k, sources in self._expand(nodes[i], state):
                 g2 = g + cost
-                k2 = (i + 1, new_state)
-                if g2 < best_g.get(k2, math.inf) - 1e-18:
-                    best_g[k2] = g2
-                    parent[k2] = ((i, state), Choice(k, sources))
-                    heapq.heappush(heap, (g2 + h_next, next(counter), i + 1, new_state))
+                if g2 < next_g.get(new_state, math.inf) - 1e-18:
+                    next_g[new_state] = g2
+                    next_parent[new_state] = (state, k, sources)
+                    h2 = heuristic(i + 1, new_state)
+                    heapq.heappush(heap, (g2 + h2, next(counter), i + 1, new_state, h2))
         result = {}
         for state, g in exits.items():
-            entry, path = self._path(parent, (seg.stop, state))
+            entry, path = self._path(parent, state)
             result[state] = (g, entry, path)
         return result
 
@@ -306,41 +340,46 @@ class Searcher:
         return layer
 
     @staticmethod
-    def _path(parent: dict, key: tuple) -> tuple[State, list[Choice]]:
-        """Walk back to the entry state; return it and the choices made since."""
+    def _path(parent: list[dict[State, tuple]], state: State) -> tuple[State, list[Choice]]:
+        """Walk back from an exit ``state`` to the entry state; return it and the choices made."""
         path = []
-        while parent.get(key) is not None:
-            key, choice = parent[key]
-            path.append(choice)
+        for layer in reversed(parent[1:]):
+            state, k, sources = layer[state]
+            path.append(Choice(k, sources))
         path.reverse()
-        return key[1], path
+        return state, path
 
-    def _dominated(self, i: int, state: State, g: float, best_g: dict) -> bool:
+    def _dominated(self, i: int, state: State, g: float, layer: dict[State, float]) -> bool:
         """Is there a state at ``i`` that differs in one value's layouts and is cheaper even
         after converting that value to these layouts? Then this one can be dropped: every
         continuation from here is at most as cheap from there (merging equivalent frontiers)."""
         live = self._live[i]
         for slot, mask in enumerate(state):
-            vid = live[slot]
             single = mask & (mask - 1) == 0
-            for code in self._codes_of(vid):
-                alt = 1 << code
-                if alt == mask:
+            for alt, extra in self._alternatives(live[slot], mask):
+                if extra > g:
                     continue
                 other = state[:slot] + (alt,) + state[slot + 1:]
-                g_other = best_g.get((i, other))
-                if g_other is None or g_other > g:
+                g_other = layer.get(other)
+                if g_other is None:
                     continue
-                extra = 0.0
-                m, c = mask, 0
-                while m:
-                    if m & 1 and c != code:
-                        extra += self._move_seconds(vid, code, c)
-                    m >>= 1
-                    c += 1
                 if g_other + extra <= g - 1e-15 or (single and g_other + extra <= g and other < state):
                     return True
         return False
+
+    def _alternatives(self, vid: int, mask: int) -> list[tuple[int, float]]:
+        """(single-layout mask, seconds to convert it into every layout of ``mask``) for each
+        other layout ``vid`` can take: the candidates :meth:`_dominated` looks up."""
+        key = (self._sig[vid], mask)
+        hit = self._alt_cache.get(key)
+        if hit is None:
+            hit = []
+            for code in self._codes_of(vid):
+                alt = 1 << code
+                if alt != mask:
+                    hit.append((alt, sum(self._move_seconds(vid, code, c) for c in _bits(mask) if c != code)))
+            self._alt_cache[key] = hit
+        return hit
 
     def _codes_of(self, vid: int) -> list[int]:
         hit = self._codes_cache.get(vid)
@@ -428,6 +467,111 @@ def to_program(space: SearchSpace, result: SearchResult, shares) -> DistProgram:
     for ns, choice in zip(space.nodes, result.choices):
         builder.compute(ns.node, ns.options[choice.option], choice.sources)
     return builder.build()
+
+
+class _ValueBound:
+    """An admissible, consistent heuristic for one segment that sees communication.
+
+    The plain bound (every remaining node at its cheapest strategy's own price) ignores that
+    a value held in the wrong layout must be moved before it is used. Here each live value
+    gets its own relaxed problem: the rest of the segment solved exactly with *only that
+    value's* layouts tracked (every other input is had for free, in any layout). Its optimum
+    is a lower bound on the real cost to go, so the largest over the state's values is too;
+    each is a shortest path in a relaxation, so their maximum is consistent and A* still
+    settles states in order. The tables are small (a value's layout sets times the segment's
+    nodes) and built lazily, only for the masks states actually hold.
+    """
+
+    def __init__(self, searcher: Searcher, seg: Segment) -> None:
+        self.searcher = searcher
+        self.start, self.stop = seg.start, seg.stop
+        nodes = searcher.space.nodes
+        # floor[j]: every node from j to the segment's end at its cheapest own price.
+        floor = [0.0] * (seg.stop - seg.start + 1)
+        for j in range(seg.stop - 1, seg.start - 1, -1):
+            floor[j - seg.start] = floor[j - seg.start + 1] + searcher._node_floor(nodes[j])
+        self.floor = floor
+        self.live = searcher._live
+        self.live_sets = [set(searcher._live[j]) for j in range(seg.start, seg.stop + 1)]
+        self.memo: dict[tuple[int, int, int], float] = {}
+
+    def of(self, i: int, state: State) -> float:
+        """Lower bound on the cost from ``state`` before node ``i`` to any exit of the segment."""
+        if i == self.stop:
+            return 0.0
+        best = self.floor[i - self.start]
+        memo = self.memo
+        for vid, mask in zip(self.live[i], state):
+            h = memo.get((vid, i, mask))
+            if h is None:
+                h = self._solve(vid, i, mask)
+            if h > best:
+                best = h
+        return best
+
+    def _solve(self, vid: int, i: int, mask: int) -> float:
+        """Cost to go of the relaxation that tracks only ``vid``, from ``mask`` before node ``i``.
+
+        Iterative (segments can be long): a stack of (node, mask) still to price; a pair is
+        priced once every successor it needs is in the memo."""
+        memo = self.memo
+        tables = self.searcher._tables
+        convert = self.searcher._convert
+        stack = [(i, mask)]
+        while stack:
+            j, m = stack[-1]
+            if (vid, j, m) in memo:
+                stack.pop()
+                continue
+            alive_after = vid in self.live_sets[j + 1 - self.start]
+            best = math.inf
+            missing = []
+            for base, acts, *_ in tables[j]:
+                cost, m2 = base, m
+                for _, _, want, v in acts:
+                    if v == vid:
+                        bit = 1 << want
+                        if not m2 & bit:
+                            cost += convert(vid, m2, want)[0]
+                            m2 |= bit
+                if j + 1 == self.stop:
+                    rest = 0.0
+                elif not alive_after:
+                    rest = self.floor[j + 1 - self.start]
+                else:
+                    rest = memo.get((vid, j + 1, m2))
+                    if rest is None:
+                        missing.append((j + 1, m2))
+                        continue
+                if cost + rest < best:
+                    best = cost + rest
+            if missing:
+                stack.extend(missing)
+                continue
+            memo[(vid, j, m)] = best if best < math.inf else self.floor[j - self.start]
+            stack.pop()
+        return memo[(vid, i, mask)]
+
+
+def _carrier(carry: tuple[tuple[int, int], ...], slots_before: int) -> Callable[[list[int]], State]:
+    """A fast ``masks before -> state after`` for one strategy: an itemgetter over the masks
+    before the node followed by the masks its outputs are born with (the search's hot loop)."""
+    born = [bit for slot, bit in carry if slot < 0]
+    picks, n_born = [], 0
+    for slot, _ in carry:
+        if slot >= 0:
+            picks.append(slot)
+        else:
+            picks.append(slots_before + n_born)
+            n_born += 1
+    if not picks:
+        return lambda masks: ()
+    getter = operator.itemgetter(*picks)
+    if len(picks) == 1:
+        return lambda masks: (getter(masks + born),)
+    if not born:
+        return getter
+    return lambda masks: getter(masks + born)
 
 
 def _bits(mask: int) -> list[int]:

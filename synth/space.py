@@ -61,6 +61,9 @@ class SearchSpace:
     param_uses: dict[str, int] = field(default_factory=dict)
     allow_replicated_params: bool = True
     live: list[list[str]] = field(default_factory=list)
+    # Segments whose exact search ran out of states before, under any prices: every search
+    # of the same graph finishes them with a beam at once instead of spending the budget again.
+    hard_segments: set[str] = field(default_factory=set)
 
     @staticmethod
     def build(graph: Graph, prices: Prices, *, allow_replicated_params: bool = True,
@@ -68,32 +71,26 @@ class SearchSpace:
         """``free_layouts`` restricts how free values (the batch) may be read, e.g. to
         ``(Replicate(),)`` for tensor-parallel-only programs; parameters stored ``Replicate``
         can be forbidden (memory pressure) with ``allow_replicated_params=False``."""
-        kinds = {}
-        for v in graph.values.values():
-            kinds[v.name] = PARAM if v.kind == "param" else (ACT if v.kind == "activation" else FREE)
-        last_use: dict[str, int] = {}
-        param_uses: dict[str, int] = {}
-        for i, node in enumerate(graph.nodes):
-            for r in node.input_refs():
-                last_use[r] = i
-                if kinds[r] == PARAM:
-                    param_uses[r] = param_uses.get(r, 0) + 1
-        last_use[graph.output] = len(graph.nodes)          # the loss lives to the end
+        shape = _structure_of(graph)
         nodes = []
         seen: dict[tuple, tuple[list[Strategy], list[float], float]] = {}
         for i, node in enumerate(graph.nodes):
-            key = cost_key(graph, node)
+            key = shape.keys[i]
             if key not in seen:       # repeated layers share strategies and prices
-                options = [s for s in strategies(node, graph)
-                           if _allowed(s, node, graph, kinds, free_layouts, prices.world)]
+                options = [s for s in shape.strategies(key, node)
+                           if _allowed(s, node, graph, shape.kinds, free_layouts, prices.world)]
                 compute = [prices.compute_seconds(node, s, key) for s in options]
                 seen[key] = (options, compute, prices.node_lower_bound(node, key))
             options, compute, lb = seen[key]
-            nodes.append(NodeSpace(i, node, options, compute, lb, [(r, kinds[r]) for r in node.input_refs()], key))
-        space = SearchSpace(graph, prices, nodes, last_use, param_uses=param_uses,
+            nodes.append(NodeSpace(i, node, options, compute, lb, shape.inputs[i], key))
+        space = SearchSpace(graph, prices, nodes, shape.last_use, param_uses=shape.param_uses,
                             allow_replicated_params=allow_replicated_params)
-        space.live = live_sets(space)
-        space.segments = _segments(space)
+        if shape.live is None:
+            shape.live = space.live = live_sets(space)
+            shape.segments = _segments(space)
+        space.live = shape.live
+        space.segments = list(shape.segments)
+        space.hard_segments = shape.hard_segments
         return space
 
     @property
@@ -101,6 +98,74 @@ class SearchSpace:
         if not hasattr(self, "_prod"):
             self._prod = {o: i for i, n in enumerate(self.graph.nodes) for o in n.outputs}
         return self._prod
+
+
+@dataclass
+class _GraphShape:
+    """What a search space takes from the graph alone, not from prices: value kinds, last
+    uses, each node's cost key and unfiltered strategies, liveness and segments. The outer
+    loop builds a space per LP round and overlap assumption, and the baselines more; all of
+    them share this, derived once per graph (see :func:`_structure_of`)."""
+
+    graph: Graph
+    size: tuple[int, int, str]
+    kinds: dict[str, str]
+    last_use: dict[str, int]
+    param_uses: dict[str, int]
+    keys: list[tuple]
+    inputs: list[list[tuple[str, str]]]
+    live: list[list[str]] | None = None
+    segments: list[Segment] = field(default_factory=list)
+    _strategies: dict[tuple, list[Strategy]] = field(default_factory=dict)
+    _index: dict[str, int] | None = None
+    hard_segments: set[str] = field(default_factory=set)
+
+    def index_of(self, node: Node) -> int:
+        if self._index is None:
+            self._index = {n.name: i for i, n in enumerate(self.graph.nodes)}
+        return self._index[node.name]
+
+    def strategies(self, key: tuple, node: Node) -> list[Strategy]:
+        hit = self._strategies.get(key)
+        if hit is None:
+            hit = self._strategies[key] = strategies(node, self.graph)
+        return hit
+
+
+_SHAPES: list[_GraphShape] = []     # the last few graphs searched, newest last
+_SHAPES_KEPT = 4
+
+
+def _structure_of(graph: Graph) -> _GraphShape:
+    """The graph's :class:`_GraphShape`, from a small cache of recent graphs (by identity, with
+    its size as a guard against a graph edited in place between two searches)."""
+    size = (len(graph.nodes), len(graph.values), graph.output)
+    for shape in _SHAPES:
+        if shape.graph is graph and shape.size == size:
+            return shape
+    kinds = {}
+    for v in graph.values.values():
+        kinds[v.name] = PARAM if v.kind == "param" else (ACT if v.kind == "activation" else FREE)
+    last_use: dict[str, int] = {}
+    param_uses: dict[str, int] = {}
+    inputs = []
+    for i, node in enumerate(graph.nodes):
+        refs = node.input_refs()
+        inputs.append([(r, kinds[r]) for r in refs])
+        for r in refs:
+            last_use[r] = i
+            if kinds[r] == PARAM:
+                param_uses[r] = param_uses.get(r, 0) + 1
+    last_use[graph.output] = len(graph.nodes)          # the loss lives to the end
+    shape = _GraphShape(graph, size, kinds, last_use, param_uses, [cost_key(graph, n) for n in graph.nodes], inputs)
+    _SHAPES[:] = [s for s in _SHAPES if s.graph is not graph][-(_SHAPES_KEPT - 1):] + [shape]
+    return shape
+
+
+def node_strategies(graph: Graph, node: Node) -> list[Strategy]:
+    """Every strategy of ``node`` (a node of ``graph``), derived once per graph and cost key."""
+    shape = _structure_of(graph)
+    return shape.strategies(shape.keys[shape.index_of(node)], node)
 
 
 def _allowed(s: Strategy, node: Node, graph: Graph, kinds: dict[str, str],

@@ -36,6 +36,7 @@ class Candidate:
     program: DistProgram
     sim: SimResult
     search: SearchResult | None = None
+    space: SearchSpace | None = field(default=None, repr=False)
 
     @property
     def seconds(self) -> float:
@@ -53,6 +54,9 @@ class Synthesis:
     rounds: list[dict] = field(default_factory=list)
     search_seconds: float = 0.0
     lp_seconds: float = 0.0
+    warm_starts: int = 0       # programs of a round re-simulated at the next round's shares
+    searches: int = 0          # A* searches of the loop (the Megatron baseline runs one more)
+    states_expanded: int = 0   # over those searches
 
     @property
     def speedups(self) -> dict[str, float]:
@@ -85,8 +89,10 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
                                           allow_replicated_params=replicated_params)
                 result = search(space, left / (2 * len(overlaps)) if left is not None else None)
                 out.search_seconds += time.perf_counter() - t0
+                out.searches += 1
+                out.states_expanded += result.states_expanded
                 prog = to_program(space, result, shares)
-                cand = Candidate("hapc", prog, simulate(prog, cluster, optimizer=optimizer), result)
+                cand = Candidate("hapc", prog, simulate(prog, cluster, optimizer=optimizer), result, space)
                 if round_best is None or _better(cand, round_best):
                     round_best = cand
             assert round_best is not None
@@ -110,6 +116,15 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
             previous = min(previous, round_best.seconds)
             if _same(new_shares, shares) or improvement < 1e-6:
                 break
+            # Warm start: the round's program at the LP's shares is a candidate of its own, and
+            # when the simulator does not find it faster than at the old shares, the shares have
+            # converged and searching again at them is not worth a round.
+            warm = _reshared(round_best, new_shares, cluster, optimizer)
+            out.warm_starts += 1
+            if warm is not None and _better(warm, best):
+                best = warm
+            if warm is None or not _better(warm, round_best):
+                break
             shares = new_shares
             if deadline is not None and time.perf_counter() > deadline:
                 break
@@ -124,6 +139,15 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
         _raise_memory(best, cluster, optimizer, backend)
     out.best = best
     return out
+
+
+def _reshared(cand: Candidate, shares: tuple[float, ...], cluster: Cluster, optimizer) -> Candidate | None:
+    """``cand``'s program with the same steps at other shares, simulated (None for a baseline,
+    which has no search result to rebuild from)."""
+    if cand.search is None or cand.space is None:
+        return None
+    prog = to_program(cand.space, cand.search, shares)
+    return Candidate(cand.name, prog, simulate(prog, cluster, optimizer=optimizer), cand.search, cand.space)
 
 
 def _better(a: Candidate, b: Candidate) -> bool:

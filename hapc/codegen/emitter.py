@@ -31,7 +31,7 @@ import torch
 from costmodel.simulator import factor_synced_params
 from hapc.ir.graph import Node, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
-from hapc.ir.program import Compute, DistProgram, Redistribute
+from hapc.ir.program import Compute, DistProgram, Redistribute, empty_ranks
 from hapc.runtime import collectives as collectives_module
 from hapc.runtime import local_ops as local_ops_module
 
@@ -49,13 +49,15 @@ RESERVED = {"rt", "v", "aten", "torch", "math", "L", "C", "M", "forward"}
 
 def emit(program: DistProgram, model_file: str, out_dir: str, *, model_kwargs: dict | None = None,
          optimizer: str = "adamw", seed: int = 0, plan_summary: str = "", cluster: Any = None,
-         constants: dict | None = None) -> str:
+         constants: dict | None = None, precision: Any = None) -> str:
     """Write ``out_dir/program.py`` and its sibling files; return the program's path.
 
     ``cluster`` (a :class:`costmodel.cluster.Cluster`) resolves each ``"auto"`` collective to
     the variant the cost model prices cheapest, so the program runs what was predicted;
     without it "auto" is the padded form. ``constants`` (``Traced.constants``) are tensors the
     trace lifted out of the model; they are saved beside the program when the graph uses any.
+    ``precision`` (a :class:`hapc.ir.precision.Precision`; default float32, TF32 off) sets
+    the program's autocast and TF32 tables.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {', '.join(OPTIMIZERS)}")
@@ -73,18 +75,23 @@ def emit(program: DistProgram, model_file: str, out_dir: str, *, model_kwargs: d
     shutil.copyfile(TIMINGS_RUNTIME, out / "hapc_timings.py")           # --timings
     graph = program.graph
     used_constants = {graph.values[n].target for n in graph.values if graph.values[n].kind == "constant"}
-    if constants and used_constants:
-        torch.save({k: t for k, t in constants.items() if k in used_constants}, out / "constants.pt")
+    # A constant traced on the meta device has no data (Falcon's ``x[..., [-2], :]`` index
+    # list): it is left out, and each rank re-derives it from its real module at start-up.
+    with_data = {k: t for k, t in (constants or {}).items() if k in used_constants and not t.is_meta}
+    if with_data:
+        torch.save(with_data, out / "constants.pt")
+    else:
+        (out / "constants.pt").unlink(missing_ok=True)     # never another plan's constants
 
     source = render(program, model_name, model_kwargs=model_kwargs or {}, optimizer=optimizer, seed=seed,
-                    plan_summary=plan_summary, cluster=cluster)
+                    plan_summary=plan_summary, cluster=cluster, precision=precision)
     path = out / "program.py"
     path.write_text(source)
     return str(path)
 
 
 def render(program: DistProgram, model_name: str, *, model_kwargs: dict, optimizer: str = "adamw",
-           seed: int = 0, plan_summary: str = "", cluster: Any = None) -> str:
+           seed: int = 0, plan_summary: str = "", cluster: Any = None, precision: Any = None) -> str:
     """The text of ``program.py`` (see the module docstring)."""
     skeleton = SKELETON.read_text()
     head, rest = skeleton.split(BEGIN, 1)
@@ -92,7 +99,8 @@ def render(program: DistProgram, model_name: str, *, model_kwargs: dict, optimiz
     doc_end = ast.parse(skeleton).body[0].end_lineno
     head = "\n".join(head.splitlines()[doc_end:])
     names = _Names(program)
-    body = _tables(program, names, model_name, model_kwargs, optimizer, seed, cluster) + "\n\n\n" + \
+    body = _tables(program, names, model_name, model_kwargs, optimizer, seed, cluster) + "\n" + \
+        _precision_tables(precision) + "\n\n\n" + \
         _forward(program, names, cluster)
     return _docstring(program, model_name, plan_summary) + head.rstrip("\n") + "\n\n" + BEGIN + "\n" + body + \
         "\n" + END + tail
@@ -161,6 +169,22 @@ def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: 
         _tuple("GRAD_SYNC_ORDER: tuple[str, ...]", _grad_sync_order(program)),
     ]
     return "\n".join(lines)
+
+
+def _precision_tables(precision: Any) -> str:
+    """PRECISION and ALLOW_TF32 (see hapc.ir.precision); gradients stay in float32."""
+    from hapc.ir.precision import Precision
+
+    p = precision if precision is not None else Precision()
+    return "\n".join([
+        "",
+        "# Numerics the plan was priced for: bf16 runs the forward under torch.autocast with float32",
+        "# master weights and optimizer state; ALLOW_TF32 (the cluster file's allow_tf32) lets",
+        "# float32 products use TF32 units, overridable with --tf32 on|off. Gradients are",
+        f"# all-reduced in {p.grad_reduce_dtype}.",
+        f"PRECISION = {p.name!r}",
+        f"ALLOW_TF32 = {p.allow_tf32!r}",
+    ])
 
 
 def _dict(header: str, items: dict) -> str:
@@ -278,12 +302,20 @@ def _compute(program: DistProgram, node: Node, step: Compute, names: _Names) -> 
         lhs = outs[0] if len(outs) == 1 else ", ".join(outs)
         note = f"   # {node.op} -> {layouts}"
     lines = [f"    {lhs} = {call}{note}"]
+    empty = empty_ranks(program, step)
+    if empty:       # some ranks hold empty pieces, which several ops reject
+        shapes = [program.local_shape(o, lay, empty[0]) for o, lay in zip(node.outputs, strat.outputs)]
+        dtypes = [program.graph.meta(o).dtype for o in node.outputs]
+        ins = ", ".join(names[r] for r in step.inputs)
+        lines = [f"    if rt.rank in {tuple(empty)!r}:   # this rank's pieces are empty: zeros, tied to the inputs",
+                 f"        {', '.join(outs)}, = L.empty_piece_result(({ins},), {shapes!r}, {dtypes!r})",
+                 "    else:", "    " + lines[0]]
     if strat.rescale is not None:
         pos, _ = strat.rescale
         src = step.inputs[pos]
         if isinstance(strat.inputs[pos], Shard):
             for o in outs:
-                lines.append(f"    {o} = {o} * rt.frac({src!r})   # exact mean under uneven pieces")
+                lines.append(f"    {o} = rt.rescale({o}, {src!r})   # exact mean under uneven (even empty) pieces")
     return lines
 
 

@@ -63,6 +63,8 @@ INPUTS: tuple[str, ...] = ()
 SHARDS: dict[str, tuple[int, tuple[int, ...]]] = {}
 LOCAL_CALLS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]] = {}
 GRAD_SYNC_ORDER: tuple[str, ...] = ()
+PRECISION = "fp32"
+ALLOW_TF32 = False
 
 
 def forward(rt: Rank, v: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -99,16 +101,16 @@ class Rank:
         info = self.piece_info(name)
         return full if info is None else full.narrow(info.dim, info.offset, info.length)
 
-    def frac(self, name: str) -> float:
-        """Local over global length of ``name``'s sharded dimension (for exact uneven means)."""
+    def rescale(self, value: Any, name: str) -> Any:
+        """A local mean over ``name``'s sharded dimension as its exact summand of the global one."""
         info = self.piece_info(name)
-        return 1.0 if info is None or info.global_length == 0 else info.length / info.global_length
+        return value if info is None else L.rescale_to_global(value, info.length, info.global_length)
 
     def ctx(self, node: str):
         """The RankCtx a local op of ``node`` gets on this rank."""
         op, ins, outs, shapes = LOCAL_CALLS[node]
         return L.RankCtx(self.rank, WORLD, node, op, tuple(self.piece_info(n) for n in ins),
-                         tuple(self.piece_info(n) for n in outs), shapes, self.seed)
+                         tuple(self.piece_info(n) for n in outs), shapes, self.seed, WORLD > 1)
 
     def drive(self, result: Any) -> Any:
         """Run a local op that asks for collectives (see hapc_collectives.drive)."""
@@ -205,7 +207,8 @@ class Trainer:
         for name, x in zip(INPUTS, batch):
             v[name] = (x if local else self.rt.piece(name, x)).to(self.device)
         self.rt.seed, self.rt.tied = self.seed + self.steps_done, []
-        loss = C.tie(forward(self.rt, v).reshape(()), self.rt.tied)
+        with autocast(self.device):
+            loss = C.tie(forward(self.rt, v).reshape(()), self.rt.tied)
         self.rt.tied = []
         self.steps_done += 1
         # The global value of a Partial loss is summed while backward runs (issued first, so
@@ -280,10 +283,26 @@ def make_optimizer(params: list[torch.Tensor]) -> torch.optim.Optimizer:
     return C.fused_optimizer(torch.optim.AdamW, params, lr=1e-3)
 
 
-# Verification tolerance (float32 on both sides): a tensor passes when every element is within
-# ATOL + RTOL * (largest reference magnitude of that tensor). Sharded sums add in another order
-# than one device does, so errors of a few float32 ulps of the tensor's scale are expected.
+def autocast(device: torch.device):
+    """The forward's numerics: bf16 autocast for a bf16 plan (on CPU as on CUDA), else float32."""
+    if PRECISION == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+# Verification tolerance: a tensor passes when every element is within ATOL + RTOL * (largest
+# reference magnitude of that tensor). Sharded sums add in another order than one device does,
+# so in float32 errors of a few ulps of the tensor's scale are expected. Under bf16 autocast
+# every product rounds to 8 mantissa bits (2**-9 relative) on both sides and the partial sums
+# of shards round separately, so a few percent of the scale is the bf16 counterpart; a wrong
+# program is off by the scale itself.
 VERIFY_RTOL, VERIFY_ATOL = 1e-4, 1e-6
+VERIFY_BF16_RTOL, VERIFY_BF16_ATOL = 5e-2, 1e-4
+
+
+def verify_tolerance() -> tuple[float, float]:
+    """(rtol, atol) for this program's precision."""
+    return (VERIFY_BF16_RTOL, VERIFY_BF16_ATOL) if PRECISION == "bf16" else (VERIFY_RTOL, VERIFY_ATOL)
 
 
 @contextlib.contextmanager
@@ -297,16 +316,35 @@ def _program_dropout_masks(step_seed: int):
 
     def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
         node = next(nodes, None)
-        if node is None or not training or p == 0.0:
+        if node is None or not training or p == 0.0 or p >= 1.0:
             return original(x, p, training, inplace)
-        keep = L.dropout_keep(node, step_seed, x.shape, p).to(device=x.device, dtype=x.dtype)
+        keep = L.dropout_keep(node, step_seed, x.shape, p, device=x.device, shared=WORLD > 1).to(x.dtype)
         return x * keep / (1.0 - p)
 
+    # Attention dropout likewise: the k-th scaled_dot_product_attention call with dropout_p > 0
+    # replays the k-th attention node's mask (several ranks: the shared counter-based mask on
+    # attention written out; one rank: torch's kernel under the node's seed).
+    attention_nodes = iter([n for n, call in LOCAL_CALLS.items()
+                            if call[0] == "aten.scaled_dot_product_attention.default"])
+    original_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        node = next(attention_nodes, None) if dropout_p > 0.0 else None
+        if node is None:
+            return original_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        if WORLD == 1:
+            with L.seeded_attention(node, step_seed, q.device):
+                return original_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        keep = L.dropout_keep(node, step_seed, (*q.shape[:-1], k.shape[-2]), dropout_p, device=q.device)
+        return L.attention_with_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, keep)
+
     torch.nn.functional.dropout = dropout
+    torch.nn.functional.scaled_dot_product_attention = sdpa
     try:
         yield
     finally:
         torch.nn.functional.dropout = original
+        torch.nn.functional.scaled_dot_product_attention = original_sdpa
 
 
 def verify(trainer: Trainer, loss: torch.Tensor, batch: Sequence[torch.Tensor]) -> bool:
@@ -316,7 +354,7 @@ def verify(trainer: Trainer, loss: torch.Tensor, batch: Sequence[torch.Tensor]) 
     if trainer.rank == 0:
         ref = trainer.module.to(trainer.device)
         ref.zero_grad(set_to_none=True)
-        with _program_dropout_masks(trainer.seed):
+        with _program_dropout_masks(trainer.seed), autocast(trainer.device):
             ref_loss = ref(*[x.to(trainer.device) for x in batch])
         ref_loss.backward()
         checks = [("loss", loss.reshape(()), ref_loss.detach().reshape(()))]
@@ -324,11 +362,15 @@ def verify(trainer: Trainer, loss: torch.Tensor, batch: Sequence[torch.Tensor]) 
             p = ref.get_parameter(target)
             checks.append((f"gradient of {target}", g, p.grad if p.grad is not None else torch.zeros_like(p)))
         worst, failed = 0.0, None
+        rtol, atol = verify_tolerance()
+        against = "one device under the same bf16 autocast" if PRECISION == "bf16" else "one device in float32"
+        print(f"verify tolerance: {PRECISION} ({against}), "
+              f"atol {atol:g} + rtol {rtol:g} x each tensor's largest magnitude", flush=True)
         for what, got, want in checks:
             err = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0
             scale = want.abs().max().item() if want.numel() else 0.0
             worst = max(worst, err)
-            if failed is None and not err <= VERIFY_ATOL + VERIFY_RTOL * scale:
+            if failed is None and not err <= atol + rtol * scale:
                 failed = what
         verdict[0], verdict[1] = float(failed is None), worst
         if failed is None:
@@ -378,6 +420,19 @@ def load_checkpoint(directory: str, trainer: Trainer, optimizer: torch.optim.Opt
     return progress.data_position
 
 
+def report_peak_memory(rank: int, device: torch.device) -> None:
+    """On GPUs, rank 0 prints every rank's torch.cuda.max_memory_allocated (bytes, in rank
+    order), to hold against the plan's predicted peak: a memory model that under-predicts
+    turns a plan that "fits" into an out-of-memory crash."""
+    if device.type != "cuda":
+        return
+    mine = torch.tensor([float(torch.cuda.max_memory_allocated(device))], device=device)
+    every = [torch.zeros_like(mine) for _ in range(WORLD)]
+    dist.all_gather(every, mine)
+    if rank == 0:
+        print("peak memory bytes per rank: " + " ".join(str(int(x.item())) for x in every), flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="training steps to run (default 3)")
@@ -392,6 +447,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="resume from a checkpoint (DIR/latest or a step directory), saved by any plan")
     parser.add_argument("--timings", action="store_true",
                         help="print each rank's compute, communication and idle seconds per step")
+    parser.add_argument("--tf32", choices=("on", "off"), default="on" if ALLOW_TF32 else "off",
+                        help="float32 products on TF32 units (CUDA; default from the plan's cluster file: "
+                             f"{'on' if ALLOW_TF32 else 'off'})")
     args = parser.parse_args(argv)
     if args.load and args.verify:
         parser.error("--verify compares with the initial weights; it cannot follow --load")
@@ -407,8 +465,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         device = torch.device("cuda", torch.cuda.current_device())
-        torch.backends.cuda.matmul.allow_tf32 = False     # float32 as one device computes it
-        torch.backends.cudnn.allow_tf32 = False
+        # The plan priced float32 products at the TF32 peak exactly when ALLOW_TF32; --verify's
+        # reference runs in this process, so it computes with the same setting.
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32 == "on"
         dist.init_process_group("nccl", device_id=device)
     else:
         device = torch.device("cpu")
@@ -468,6 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if trainer.rank == 0 and len(times) > 1:
             print(f"median step time {statistics.median(times[1:]):.6f} s over steps "
                   f"{first + 2}..{first + len(times)}", flush=True)
+        report_peak_memory(trainer.rank, device)
         return 0 if ok else 1
     finally:
         dist.destroy_process_group()

@@ -13,6 +13,7 @@ same program; which piece it holds follows from ``shares`` and :meth:`DistProgra
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from math import gcd
 from typing import Union
 
@@ -161,7 +162,7 @@ class DistProgram:
         """Piece lengths of ``value`` along its sharded ``dim``, one per rank."""
         dim = self._dim(value, dim)
         length = self.shape(value)[dim]
-        return shard_lengths(length, self.shares, self.blocks().get((value, dim), length))
+        return list(_piece_lengths(length, tuple(self.shares), self.blocks().get((value, dim), length)))
 
     def offsets(self, value: str, dim: int) -> list[int]:
         return offsets(self.lengths(value, dim))
@@ -179,3 +180,25 @@ class DistProgram:
 
 def is_partial(layout: Layout) -> bool:
     return isinstance(layout, Partial)
+
+
+@lru_cache(maxsize=4096)
+def _piece_lengths(length: int, shares: tuple[float, ...], n_blocks: int) -> tuple[int, ...]:
+    """:func:`shard_lengths`, remembered: the simulator and memory model ask for the same few
+    (length, shares) pairs thousands of times per program."""
+    return tuple(shard_lengths(length, shares, n_blocks))
+
+
+def empty_ranks(program: DistProgram, step: Compute) -> list[int]:
+    """Ranks whose pieces of this plain-op step are empty (every sharded dimension of a strategy
+    is cut into the same blocks, so one empty piece means all are), when the op's results are
+    all pieces or summands; such a rank computes zeros (``hapc.runtime.local_ops.empty_piece_result``)."""
+    strat = step.strategy
+    if strat.local is not None or any(isinstance(o, Replicate) for o in strat.outputs) \
+            or any(isinstance(x, Partial) for x in strat.inputs):   # a summand (a bias) still adds in
+        return []
+    sharded = [(v, lay.dim) for v, lay in zip(step.inputs, strat.inputs) if isinstance(lay, Shard)]
+    if not sharded:
+        return []
+    lengths = program.lengths(*sharded[0])
+    return [r for r, n in enumerate(lengths) if n == 0]

@@ -129,7 +129,10 @@ def check_strategy(op: str, sample: Sample, strategy: Strategy, shares: Sequence
     needs = [g for g in float_globals if g.requires_grad]
     if needs and isinstance(dist_total, torch.Tensor) and dist_total.requires_grad:
         got = torch.autograd.grad(dist_total, needs, allow_unused=True)
-        want = torch.autograd.grad(ref_total, needs, allow_unused=True)
+        # An op with no gradient (full_like) may still be tied to its inputs on a rank with
+        # empty pieces (hapc.runtime.local_ops.empty_piece_result): zero gradients then.
+        want = torch.autograd.grad(ref_total, needs, allow_unused=True) \
+            if isinstance(ref_total, torch.Tensor) and ref_total.requires_grad else [None] * len(needs)
         for g, w in zip(got, want):
             g = torch.zeros_like(w) if g is None and w is not None else g
             w = torch.zeros_like(g) if w is None and g is not None else w

@@ -6,8 +6,10 @@ Sharding the *query* sequence keeps keys and values whole on every rank; with a 
 each rank must shift the mask by its first query position, which
 :func:`hapc.runtime.local_ops.sdpa_query_shard` does. The output is linear in ``v``.
 
-Attention dropout (``dropout_p > 0``) draws its own random numbers, so sharded attention
-with dropout is right in distribution but not bit-for-bit equal to one device.
+With attention dropout (``dropout_p > 0``) every strategy runs
+:func:`hapc.runtime.local_ops.sdpa_dropout`: attention written out with a mask drawn for the
+rank's piece of the global attention weights from a seed all ranks share, so sharded attention
+drops exactly the weights one device would (and ``--verify`` replays them).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def _mask_layout(mask_shape: tuple[int, ...], dim: int, size: int) -> Layout:
     Sample((T(5, 4, 7, 3), T(5, 4, 7, 3), T(5, 4, 7, 3)), {"is_causal": True}),
     Sample((T(5, 4, 7, 3), T(5, 4, 6, 3), T(5, 4, 6, 3), B(5, 1, 7, 6))),
     Sample((T(5, 4, 7, 3), T(5, 4, 6, 3), T(5, 4, 6, 3), T(7, 6))),
+    Sample((T(5, 4, 7, 3), T(5, 4, 7, 3), T(5, 4, 7, 3)), {"dropout_p": 0.3, "is_causal": True}),
+    Sample((T(5, 4, 7, 3), T(5, 4, 6, 3), T(5, 4, 6, 3), B(5, 1, 7, 6), 0.2)),
 ])
 def sdpa_rule(node: Node, graph: Graph) -> list[Strategy]:
     refs = node.input_refs()
@@ -58,4 +62,7 @@ def sdpa_rule(node: Node, graph: Graph) -> list[Strategy]:
         ins = (Shard(2), R, R) + ((_mask_layout(mask_shape, 2, q[2]),) if has_mask else ())
         found.append(Strategy(ins, (Shard(2),), local="sdpa_query_shard" if causal else None))
     found.append(Strategy((R, R, P) + ((R,) if has_mask else ()), (P,)))
+    if _arg(node, 4, "dropout_p", 0.0):    # every layout, replicated too, draws the shared mask
+        found = [Strategy((R,) * len(refs), (R,))] + found
+        found = [Strategy(s.inputs, s.outputs, local="sdpa_dropout") for s in found]
     return found

@@ -95,3 +95,20 @@ def einsum_rule(node: Node, graph: Graph) -> list[Strategy]:
     operands = lhs.split(",")
     spec = ", ".join(" ".join(c + ("+" if c not in rhs else "") for c in op) for op in operands)
     return einsum_strategies(node, graph, f"{spec} -> {' '.join(rhs)}", "multilinear")
+
+
+@register("aten.baddbmm.default", samples=lambda: [
+    Sample((T(5, 7, 4), T(5, 7, 10), T(5, 10, 4))),
+    Sample((T(6, 1, 4), T(6, 7, 10), T(6, 10, 4)), {"beta": 1.0, "alpha": 0.25}),   # BLOOM's ALiBi
+    Sample((T(4), T(5, 7, 10), T(5, 10, 4)), {"beta": 0.5, "alpha": 2.0})])
+def baddbmm_rule(node: Node, graph: Graph) -> list[Strategy]:
+    """``beta * self + alpha * (b1 @ b2)``: bmm's strategies, with ``self`` (broadcast from the
+    right) sharded where the output is, and ``Partial`` when the product is (so that its
+    ``beta * self`` is counted once). The scalars scale each term; they change no layout."""
+    rank = len(graph.meta(node.input_refs()[0]).shape)
+    if rank > 3:
+        return []
+    bias = " ".join("b m n".split()[3 - rank:])
+    found = einsum_strategies(node, graph, f"{bias}, b m k+, b k+ n -> b m n", "multilinear")
+    found = [s for s in found if not (s.inputs[0] == P and s.inputs.count(P) == 1)]
+    return _with_bias_partial(found, 0)

@@ -18,6 +18,7 @@ import torch
 from hapc.ir.graph import Graph, Node, Ref
 from hapc.ir.layout import P, R
 from hapc.ir.program import Strategy
+from hapc.rules.ops_cast import keeps_partial_sums
 from hapc.rules.registry import Sample, register, register_spec
 from hapc.rules.samples import B, Pos, T
 from hapc.rules.spec import pointwise_strategies
@@ -62,18 +63,26 @@ def _unary_samples(op: str):
         if op == "aten.pow.Tensor_Scalar":
             return [Sample((T(5, 7), 2))]
         if op == "aten.to.dtype":
-            return [Sample((T(5, 7), torch.float64))]
+            return [Sample((T(5, 7), torch.float64)), Sample((T(5, 7), torch.int64)), Sample((T(5, 7), torch.bool))]
         if op == "aten.to.dtype_layout":
             return [Sample((T(5, 7),), {"dtype": torch.float64})]
         if op == "aten._to_copy.default":
-            return [Sample((T(5, 7),), {"dtype": torch.float64})]
+            return [Sample((T(5, 7),), {"dtype": torch.float64}), Sample((T(5, 7),), {"dtype": torch.int64})]
         return [Sample((T(5, 7),))]
     return make
 
 
+# Casts are linear only between float types: into an integer or bool each piece would round.
+CASTS = {"to", "_to_copy"}
+
+
 def _unary_rule(linear: bool):
     def rule(node: Node, graph: Graph) -> list[Strategy]:
-        return pointwise_strategies(node, graph, "additive" if linear else None)
+        if linear and node.op.split(".")[1] in CASTS:
+            linear_here = keeps_partial_sums(node, graph)
+        else:
+            linear_here = linear
+        return pointwise_strategies(node, graph, "additive" if linear_here else None)
     return rule
 
 

@@ -11,8 +11,10 @@ one process and with real ``torch.distributed`` collectives in an emitted progra
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +48,9 @@ class RankCtx:
     outputs: tuple[ShardInfo | None, ...]
     out_shapes: tuple[tuple[int, ...], ...]  # global output shapes
     seed: int = 0
+    # Random ops draw from the counter-based hash (any piece equals the slice of the global
+    # draw, on any device); False only where one rank draws everything (see dropout_keep).
+    exact_pieces: bool = True
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,46 @@ def node_seed(node: str, step_seed: int) -> int:
     """A seed that every rank derives identically for one node in one step."""
     digest = hashlib.sha256(f"{node}:{step_seed}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def rescale_to_global(value: torch.Tensor, length: int, global_length: int) -> torch.Tensor:
+    """A mean over this rank's ``length`` of ``global_length`` elements, as its exact share of
+    the global mean (a ``Partial`` summand): ``value * length / global_length``.
+
+    An empty piece (``length == 0``, as block coupling or a batch shorter than the device count
+    can give) contributes nothing; its local mean is NaN, and NaN times zero is still NaN, so
+    it is replaced by zeros that keep the value in the autograd graph (every rank then runs the
+    same backward).
+    """
+    if length == 0:
+        return value.nan_to_num(0.0, 0.0, 0.0) * 0.0
+    return value * (length / global_length)
+
+
+def empty_piece_result(inputs: Sequence[Any], shapes: Sequence[Sequence[int]],
+                       dtypes: Sequence[str]) -> tuple[torch.Tensor, ...]:
+    """What a rank computes for a plain op when its sharded pieces are empty: zeros of its
+    local output shapes (empty along a ``Shard`` output, the whole shape for a ``Partial`` one,
+    whose summand over no elements is zero).
+
+    Several ops reject empty tensors (a convolution with no output channels, a pool over no
+    channels), and every sharded dimension of one strategy is cut into the same blocks, so a
+    rank holding an empty piece of one holds empty pieces of all. The zeros are tied to the
+    float inputs so that every rank runs the same backward (its gradient hooks fire too).
+    """
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    floats = [x for x in tensors if x.is_floating_point()]
+    device = tensors[0].device if tensors else None
+    tie = sum((x.sum() * 0.0 for x in floats if x.requires_grad), torch.zeros((), device=device))
+    out = []
+    for shape, dtype in zip(shapes, dtypes):
+        kind = getattr(torch, dtype)
+        if kind.is_floating_point:      # the precision the program runs in, not the traced one
+            kind = floats[0].dtype if floats else kind
+            out.append(torch.zeros(tuple(shape), dtype=kind, device=device) + tie.to(kind))
+        else:
+            out.append(torch.zeros(tuple(shape), dtype=kind, device=device))
+    return tuple(out)
 
 
 def _local_shape(ctx: RankCtx, out: int = 0) -> list[int]:
@@ -81,35 +126,87 @@ def expand_local(ctx: RankCtx, x: torch.Tensor, shape: Any, *rest: Any, **kw: An
     return x.expand(_local_shape(ctx))
 
 
-def dropout_keep(node: str, step_seed: int, shape: Sequence[int], p: float) -> torch.Tensor:
-    """The keep-mask of dropout node ``node`` in the step seeded ``step_seed``, for the whole
-    (global) tensor: what every rank cuts its piece from, and what ``--verify`` gives the
-    single-device reference so that both drop the same elements."""
-    gen = torch.Generator(device="cpu").manual_seed(node_seed(node, step_seed))
-    return torch.rand(list(shape), generator=gen) >= p
+# Dropout masks come from a counter-based generator: element i of a node's global tensor is
+# kept when hash(seed, i) clears a threshold. Any rank can draw any piece on its own device, in
+# the time of that piece, and the piece is exactly the slice of the global mask whatever the
+# shares; the hash is integer arithmetic, so CPU and CUDA (of any model) draw identical bits,
+# which neither torch's CPU Mersenne twister nor its CUDA Philox (whose element order follows
+# the launch grid, i.e. the GPU's SM count) guarantees. Multipliers stay below 2**31 so a 32-bit
+# value times one fits in int64 without overflow on every backend.
+_LOW32 = 0xFFFFFFFF
+_MIX_MULTIPLIERS = (0x7FEB352D, 0x27D4EB2D)
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche hash (xorshift-multiply rounds) of int64 tensor ``x``, in place."""
+    for mult, shift in zip(_MIX_MULTIPLIERS, (16, 15)):
+        x.bitwise_xor_(x >> shift).mul_(mult).bitwise_and_(_LOW32)
+    return x.bitwise_xor_(x >> 16)
+
+
+def global_indices(shape: Sequence[int], piece: ShardInfo | None = None,
+                   device: torch.device | str | None = None) -> torch.Tensor:
+    """Row-major positions in the global tensor of ``shape`` of every element of ``piece``
+    (its slice along ``piece.dim``; the whole tensor when ``piece`` is None), as int64."""
+    shape = [int(s) for s in shape]
+    if piece is None or not shape:
+        return torch.arange(math.prod(shape), device=device, dtype=torch.int64).reshape(shape)
+    d = piece.dim
+    outer, length, inner = math.prod(shape[:d]), piece.length, math.prod(shape[d + 1:])
+    rows = torch.arange(outer, device=device, dtype=torch.int64).mul_(shape[d] * inner).view(-1, 1, 1)
+    mid = torch.arange(piece.offset, piece.offset + length, device=device, dtype=torch.int64).mul_(inner)
+    cols = torch.arange(inner, device=device, dtype=torch.int64)
+    local = shape[:d] + [length] + shape[d + 1:]
+    return (rows + mid.view(1, -1, 1) + cols.view(1, 1, -1)).reshape(local)
+
+
+def dropout_keep(node: str, step_seed: int, shape: Sequence[int], p: float,
+                 piece: ShardInfo | None = None, device: torch.device | str | None = None,
+                 shared: bool = True) -> torch.Tensor:
+    """The keep-mask of dropout node ``node`` in the step seeded ``step_seed``: for the whole
+    (global) tensor of ``shape``, or for this rank's ``piece`` of it, drawn on ``device``.
+
+    ``shared`` (the program has several ranks): the counter-based hash above, so a piece is
+    bit-for-bit the slice of the global mask on any device. Alone (one rank draws the whole
+    tensor, nothing to agree with) torch's own generator of ``device`` draws it in one kernel,
+    as eager dropout does. Either way ``--verify`` replays the same call for the single-device
+    reference, so both sides drop the same elements."""
+    if not shared:
+        if piece is not None:
+            raise ValueError("a rank alone draws the whole tensor, not a piece")
+        gen = torch.Generator(device=device or "cpu").manual_seed(node_seed(node, step_seed))
+        return torch.rand([int(s) for s in shape], generator=gen, device=device) >= p
+    key = node_seed(node, step_seed)
+    index = global_indices(shape, piece, device)
+    h = _mix32(index.bitwise_and(_LOW32).bitwise_xor_(key & _LOW32))
+    h = _mix32(h.bitwise_xor_(index >> 32).add_(key >> 32).bitwise_and_(_LOW32))
+    return h >= min(round(p * 2.0 ** 32), 2 ** 32)
 
 
 @local_op
 def dropout(ctx: RankCtx, x: torch.Tensor, p: float, train: bool | None = True) -> torch.Tensor:
-    """Dropout whose mask is drawn for the *global* tensor from a seed all ranks share, then
-    cut to this rank's piece, so a sharded program drops exactly what one device would."""
+    """Dropout whose mask is drawn for this rank's piece only, on its own device, from a seed
+    all ranks share: a sharded program drops exactly what one device would."""
     if not train or p == 0.0:
         return x
-    keep = dropout_keep(ctx.node, ctx.seed, ctx.out_shapes[0], p)
-    info = ctx.outputs[0]
-    if info is not None:
-        keep = keep.narrow(info.dim, info.offset, info.length)
-    return x * keep.to(device=x.device, dtype=x.dtype) / (1.0 - p)
+    if p >= 1.0:
+        return x * 0.0
+    keep = dropout_keep(ctx.node, ctx.seed, ctx.out_shapes[0], p, ctx.outputs[0], x.device, ctx.exact_pieces)
+    return x * keep.to(x.dtype).mul_(1.0 / (1.0 - p))
 
 
 @local_op
 def vocab_parallel_embedding(ctx: RankCtx, weight: torch.Tensor, ids: torch.Tensor,
-                             *rest: Any) -> torch.Tensor:
-    """Rows of a vocabulary shard; ids owned by other ranks give zeros (output is Partial)."""
+                             padding_idx: int = -1, *rest: Any, **kwargs: Any) -> torch.Tensor:
+    """Rows of a vocabulary shard; ids owned by other ranks give zeros (output is Partial).
+    The rank that owns ``padding_idx`` keeps that row's gradient at zero, as torch does."""
     info = ctx.inputs[0]
     local = ids - info.offset
     mine = (local >= 0) & (local < info.length)
-    out = torch.nn.functional.embedding(torch.where(mine, local, torch.zeros_like(local)), weight)
+    padding_idx = kwargs.get("padding_idx", padding_idx)
+    local_pad = padding_idx - info.offset if padding_idx is not None and padding_idx >= 0 else -1
+    out = torch.nn.functional.embedding(torch.where(mine, local, torch.zeros_like(local)), weight,
+                                        padding_idx=local_pad if 0 <= local_pad < info.length else None)
     return out * mine.unsqueeze(-1).to(out.dtype)
 
 
@@ -130,6 +227,56 @@ def sdpa_query_shard(ctx: RankCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Te
             torch.where(causal, attn_mask, torch.tensor(float("-inf"), dtype=q.dtype))
     return torch.nn.functional.scaled_dot_product_attention(
         q, k, v, causal, dropout_p, False, scale=scale, enable_gqa=enable_gqa)
+
+
+def attention_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any, dropout_p: float,
+                           is_causal: bool, scale: float | None, enable_gqa: bool, keep: torch.Tensor,
+                           query_offset: int = 0) -> torch.Tensor:
+    """Scaled dot-product attention written out, dropping attention weights where ``keep`` is
+    False: what ``scaled_dot_product_attention`` computes with ``dropout_p``, but with a mask
+    the caller draws (so a shard, and ``--verify``'s reference, can drop the same weights).
+    ``query_offset``: global position of the first query (a query shard's causal mask)."""
+    if enable_gqa and k.shape[-3] != q.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+    scores = (q @ k.transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if is_causal:
+        rows = torch.arange(q.shape[-2], device=q.device).unsqueeze(-1) + query_offset
+        scores = scores.masked_fill(torch.arange(k.shape[-2], device=q.device) > rows, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    weights = torch.softmax(scores, dim=-1)
+    return (weights * keep.to(weights.dtype).mul_(1.0 / (1.0 - dropout_p))) @ v
+
+
+@local_op
+def sdpa_dropout(ctx: RankCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask=None,
+                 dropout_p: float = 0.0, is_causal: bool = False, scale=None, enable_gqa: bool = False):
+    """Attention with dropout on this rank's piece: the mask over the global attention
+    weights ``[B, H, Sq, Sk]`` is cut along the dim the queries are sharded on (batch, heads
+    or queries; all three line up with the weights), or whole for replicated queries.
+    One rank alone runs torch's own kernel, its generator seeded per (step, node) so that
+    ``--verify`` replays it (see ``seeded_attention``)."""
+    if not ctx.exact_pieces:
+        with seeded_attention(ctx.node, ctx.seed, q.device):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal,
+                                                                    scale=scale, enable_gqa=enable_gqa)
+    q_info = ctx.inputs[0]
+    shape = (*ctx.out_shapes[0][:-1], k.shape[-2])            # [B, H, Sq, Sk], global
+    piece = None if q_info is None else ShardInfo(q_info.dim, q_info.offset, q_info.length, q_info.global_length)
+    keep = dropout_keep(ctx.node, ctx.seed, shape, dropout_p, piece, q.device)
+    offset = q_info.offset if q_info is not None and q_info.dim == 2 else 0
+    return attention_with_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, keep, offset)
+
+
+@contextlib.contextmanager
+def seeded_attention(node: str, step_seed: int, device: torch.device) -> Iterator[None]:
+    """The device's default generator starts from (node, step)'s seed inside, and is restored
+    after: torch's fused attention-dropout kernel then draws the same mask every time it gets
+    the same call on the same device (its backward regenerates it from the saved state)."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(node_seed(node, step_seed))
+        yield
 
 
 @local_op
@@ -286,6 +433,8 @@ def adaptive_avg_pool_local(ctx: RankCtx, x: torch.Tensor, output_size: Any) -> 
     size = list(output_size)
     info = ctx.outputs[0]
     size[info.dim - (x.dim() - len(size))] = info.length
+    if info.length == 0:      # an empty piece, which the pool rejects: an empty result
+        return empty_piece_result([x], [_local_shape(ctx)], [str(x.dtype).removeprefix("torch.")])[0]
     pool = getattr(torch.nn.functional, f"adaptive_avg_pool{len(size)}d")
     return pool(x, size)
 

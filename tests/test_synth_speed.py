@@ -1,0 +1,123 @@
+"""What makes the synthesizer fast must not change what it finds: the communication-aware
+heuristic stays a lower bound, structure shared between search spaces is the graph's alone,
+segments known to be too hard are beamed at once only when they ran out of states (not of
+time), and the outer loop's warm start rebuilds the same program at the LP's shares."""
+
+from __future__ import annotations
+
+import torch
+
+import hapc
+from costmodel import load_cluster
+from costmodel.simulator import simulate
+from synth.costs import Prices
+from synth.search import Searcher, _ValueBound, search, to_program
+from synth.space import SearchSpace
+from synth.synthesize import Candidate, _reshared
+from tests.test_search import THREE_UNEVEN, Chain, Residual, TwoLayer
+
+
+def _traced(model, *inputs):
+    torch.manual_seed(0)
+    return hapc.trace(model, inputs)
+
+
+def _build(graph, cluster=THREE_UNEVEN, shares=None, **kw):
+    cl = load_cluster(cluster)
+    return SearchSpace.build(graph, Prices(graph, cl, shares or cl.flops_shares()), **kw)
+
+
+def test_value_bound_never_exceeds_the_cost_to_go_along_the_optimum():
+    """Along the optimal plan, the heuristic at every state is at most what the plan still pays."""
+    for model, inputs in ((Residual(), (torch.randn(6, 12),)),
+                          (TwoLayer(), (torch.randn(6, 12), torch.randn(6, 5))),
+                          (Chain(depth=4, width=12), (torch.randn(6, 12), torch.randn(6, 12)))):
+        space = _build(_traced(model, *inputs).graph)
+        searcher = Searcher(space)
+        result = searcher.run()
+        assert result.exact
+        state, g, trail = (), 0.0, []
+        for ns, choice in zip(space.nodes, result.choices):
+            trail.append((ns.index, state, g))
+            moves = {k: (st, c) for st, c, k, _ in searcher._expand(ns, state)}
+            state, cost = moves[choice.option]
+            g += cost
+        assert abs(g - result.cost_seconds) < 1e-12
+        checked = 0
+        for seg in space.segments:
+            bound = _ValueBound(searcher, seg)
+            seg_end = next(gg for i, _, gg in trail if i == seg.stop - 1)
+            last = space.nodes[seg.stop - 1]
+            end_cost = seg_end + min(c for st, c, k, _ in searcher._expand(last, trail[seg.stop - 1][1])
+                                     if k == result.choices[seg.stop - 1].option)
+            for i, st, gi in trail[seg.start:seg.stop]:
+                assert bound.of(i, st) <= end_cost - gi + 1e-12, (model, i)
+                checked += 1
+        assert checked == len(space.nodes)
+
+
+def test_search_spaces_of_one_graph_share_its_structure():
+    graph = _traced(Chain(depth=3, width=12), torch.randn(6, 12), torch.randn(6, 12)).graph
+    a, b = _build(graph), _build(graph, shares=(0.2, 0.3, 0.5))
+    assert a.live is b.live and [s.signature for s in a.segments] == [s.signature for s in b.segments]
+    assert a.nodes[0].options == b.nodes[0].options
+    assert a.nodes[0].compute_seconds != b.nodes[0].compute_seconds      # prices are not shared
+    other = _traced(Chain(depth=3, width=12), torch.randn(6, 12), torch.randn(6, 12)).graph
+    assert _build(other).live is not a.live
+
+
+def test_segments_that_run_out_of_states_are_beamed_in_later_searches_of_the_graph():
+    graph = _traced(Chain(depth=4, width=12), torch.randn(6, 12), torch.randn(6, 12)).graph
+    first = Searcher(_build(graph))
+    first.segment_budget = 0
+    assert not first.run().exact
+    later = _build(graph)
+    assert later.hard_segments                     # remembered for the graph
+    result = search(later)
+    assert not result.exact and result.cost_seconds > 0
+
+
+def test_running_out_of_time_is_not_remembered():
+    graph = _traced(Chain(depth=4, width=12), torch.randn(6, 12), torch.randn(6, 12)).graph
+    rushed = search(_build(graph), time_budget_seconds=1e-9)
+    assert not rushed.exact
+    assert not _build(graph).hard_segments
+    assert search(_build(graph)).exact
+
+
+def test_warm_start_is_the_same_program_at_the_new_shares():
+    graph = _traced(TwoLayer(), torch.randn(6, 12), torch.randn(6, 5)).graph
+    cluster = load_cluster(THREE_UNEVEN)
+    space = _build(graph)
+    result = search(space)
+    prog = to_program(space, result, space.prices.shares)
+    cand = Candidate("hapc", prog, simulate(prog, cluster), result, space)
+    even = (1 / 3, 1 / 3, 1 / 3)
+    warm = _reshared(cand, even, cluster, "adamw")
+    assert warm is not None and warm.program.shares == even
+    assert [repr(s) for s in warm.program.steps] == [repr(s) for s in prog.steps]
+    assert warm.seconds == simulate(to_program(space, result, even), cluster).iteration_seconds
+    assert _reshared(Candidate("dp-even", prog, cand.sim), even, cluster, "adamw") is None
+
+
+def test_even_all_to_all_in_closed_form_equals_the_pairwise_sum():
+    import random
+
+    from costmodel import collectives
+
+    rng = random.Random(0)
+    clusters = [load_cluster("configs/clusters/hap-8gpu-v100x4-p100x4.yaml"),
+                load_cluster({"nodes": [{"count": 3, "devices": [{"type": "A100-80GB", "count": 4}], "intra_link": "nvlink3"},
+                                        {"count": 2, "devices": [{"type": "V100-32GB", "count": 2}], "intra_link": "pcie3"}],
+                              "network": {"bandwidth_Gbps": 100, "latency_us": 10}})]
+    for cluster in clusters:
+        for _ in range(10):
+            ranks = sorted(rng.sample(range(cluster.world), rng.randint(2, cluster.world)))
+            pieces = [rng.random() * 1e6 for _ in ranks]
+            p = len(ranks)
+            matrix = [[x / p if s != r else 0.0 for s in range(p)] for r, x in enumerate(pieces)]
+            slow = collectives._pairwise(matrix, cluster, ranks)
+            assert abs(collectives._pairwise_uniform([x / p for x in pieces], cluster, ranks) - slow) <= 1e-12 * slow
+            gather = [[x if s != r else 0.0 for s in range(p)] for r, x in enumerate(pieces)]
+            slow = collectives._pairwise(gather, cluster, ranks)
+            assert abs(collectives._pairwise_uniform(pieces, cluster, ranks) - slow) <= 1e-12 * slow
