@@ -454,8 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("replan", help="a plan for a changed cluster (a device lost, added or slower), "
                                         "from an old plan without tracing again",
-                         description="Re-balance the old plan's program for the new cluster with the share LP, "
-                                     "compare it with the standard baselines there, and write OUT/plan.json, "
+                         description="Re-balance the old plan's program for the new cluster with the share LP "
+                                     "(searching again when it lost more than the devices did; no tracing: "
+                                     "plan.json holds the graph), and write OUT/plan.json, "
                                      "OUT/report.md and OUT/program.py (which --load's the old program's "
                                      "checkpoints). Give the new cluster as a file or as changes to the old one.")
     rep.add_argument("plan", metavar="PLAN.json")
@@ -466,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     change.add_argument("--slow", action="append", default=[], metavar="RANK=FACTOR",
                         help="this rank's device is FACTOR times slower than its spec (repeatable)")
     change.add_argument("--measured", default=None, metavar="RUN.log",
-                        help="per-rank times a program printed with --timings: set device speeds from them")
+                        help="the log of PLAN.json's program run with --timings: device speeds from its per-rank times")
     rep.add_argument("-o", "--output", required=True, metavar="OUT", help="output folder")
     effort = rep.add_mutually_exclusive_group()
     effort.add_argument("--quick", action="store_true",

@@ -182,7 +182,8 @@ def test_one_rank_program_saves_resumes_and_exports_single_device_weights(tmp_pa
         monkeypatch.delenv(var, raising=False)
     program = _import(path)
     ck = tmp_path / "ck"
-    assert program.main(["--steps", "2", "--save", str(ck)]) == 0
+    assert program.main(["--steps", "2", "--save", str(ck), "--save-every", "1"]) == 0
+    assert (ck / "step-00000001" / K.MANIFEST).exists() and (ck / K.LATEST).read_text().strip() == "step-00000002"
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
     assert program.main(["--steps", "1", "--load", str(ck), "--save", str(ck), "--timings"]) == 0
@@ -450,3 +451,25 @@ def test_a_checkpoint_of_another_optimizer_is_refused(tmp_path):
     with pytest.raises(K.CheckpointError, match="saved by another optimizer"):
         K.load(tmp_path, held, fresh, sgd, params)
     assert all(torch.equal(before[k], p) for k, p in params.items())     # nothing half-loaded
+
+
+@pytest.mark.slow
+def test_timings_of_a_real_run_feed_replan_measured(tmp_path, capsys):
+    """Four gloo ranks print per-rank timings; replan reads that log (on one loaded machine the
+    ranks' speeds are whatever the scheduler gave them, so only the plumbing is asserted)."""
+    from hapc.plan import Plan
+
+    plan_file = _plan_file(tmp_path, "mlp", "dp-flops")
+    program = Plan.load(plan_file).emit(tmp_path / "prog")
+    proc = torchrun(program, 4, "--steps", "4", "--timings")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("timing step ")]
+    assert len(lines) == 16 and {ln.split()[4] for ln in lines} == {"0", "1", "2", "3"}
+    for ln in lines:                 # compute + comm + idle are the rank's step, none negative
+        assert all(float(x) >= 0 for x in ln.split()[6::2])
+    log = tmp_path / "run.log"
+    log.write_text(proc.stdout)
+    out = tmp_path / "m"
+    assert cli_main(["replan", str(plan_file), "--measured", str(log), "--quick", "-o", str(out), "--no-emit"]) == 0
+    assert "the fastest" in capsys.readouterr().err
+    assert Plan.load(out / "plan.json").cluster.world == 4

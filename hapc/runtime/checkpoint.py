@@ -112,13 +112,13 @@ class _PieceSavePlanner(DefaultSavePlanner):
 
     def create_local_plan(self) -> SavePlan:
         plan = create_default_local_save_plan(self.state_dict, self.is_coordinator)
-        items = [self._chunk_item(self.pieces[w.index.fqn]) if w.index.fqn in self.pieces else w
+        items = [self._chunk_item(w.index.fqn, self.pieces[w.index.fqn]) if w.index.fqn in self.pieces else w
                  for w in plan.items]
         self.plan = dataclasses.replace(plan, items=items)
         return self.plan
 
-    def _chunk_item(self, held: Held) -> WriteItem:
-        fqn = next(k for k, h in self.pieces.items() if h is held)
+    @staticmethod
+    def _chunk_item(fqn: str, held: Held) -> WriteItem:
         offsets = torch.Size(held.offsets)
         return WriteItem(index=MetadataIndex(fqn, offsets), type=WriteItemType.SHARD,
                          tensor_data=TensorWriteData(
@@ -149,10 +149,10 @@ class _PieceLoadPlanner(DefaultLoadPlanner):
             md = saved.get(fqn)
             if md is None:
                 raise CheckpointError(f"{self.where}: holds no {fqn!r}")
-            held = self.pieces.get(fqn)
-            if held is None:
+            if not isinstance(obj, torch.Tensor):
                 requests += create_default_local_load_plan({fqn: obj}, self.metadata, True).items
                 continue
+            held = self.pieces.get(fqn) or Held(obj, (0,) * obj.dim(), tuple(obj.shape))
             if not isinstance(md, TensorStorageMetadata) or tuple(md.size) != held.global_shape:
                 got = tuple(md.size) if isinstance(md, TensorStorageMetadata) else "bytes"
                 raise CheckpointError(f"{self.where}: {fqn!r} has shape {got}, this program's is "
