@@ -150,9 +150,8 @@ def program_memory(program: DistProgram, cluster: Cluster | None = None,
             node = nodes[step.node]
             if op_class(node.op) == "view":
                 continue
-            for out, layout in zip(node.outputs, step.strategy.outputs):
-                if graph.values[out].requires_grad:
-                    add("activations_bytes", local_bytes(program, out, layout))
+            for out, layout in kept_for_backward(program, node, step):
+                add("activations_bytes", local_bytes(program, out, layout))
             _add_autocast_copies(program, node, step, cast_params, add)
         elif isinstance(step, Redistribute):
             _add_redistribute(program, step, mem, sums["activations_bytes"])
@@ -164,6 +163,17 @@ def program_memory(program: DistProgram, cluster: Cluster | None = None,
     names = [d.type for d in cluster.devices] if cluster is not None else []
     label = optimizer if isinstance(optimizer, str) else f"{optimizer} copies"
     return MemoryReport(mem, capacity, label, names)
+
+
+def kept_for_backward(program: DistProgram, node, step: Compute) -> list[tuple[str, object]]:
+    """The outputs of ``step`` that count as activation memory, with their layouts: those that
+    need a gradient (autograd may save them for backward). Views keep nothing of their own: they
+    alias their input. One definition for the whole-batch memory model and the pipeline's
+    per-stage, per-micro-batch accounting."""
+    if op_class(node.op) == "view":
+        return []
+    return [(out, layout) for out, layout in zip(node.outputs, step.strategy.outputs)
+            if program.graph.values[out].requires_grad]
 
 
 def _add_autocast_copies(program: DistProgram, node, step: Compute, seen: set[str], add) -> None:

@@ -45,8 +45,7 @@ from costmodel.cluster import Cluster, Link
 from costmodel.collectives import best_variant
 from costmodel.compute import ComputeTime, node_seconds
 from costmodel.internal import internal_all_reduces
-from costmodel.memory import optimizer_copies
-from costmodel.opclass import op_class
+from costmodel.memory import kept_for_backward, optimizer_copies
 from costmodel.simulator import SFB_LOCAL, _fractions, factor_synced_params
 from costmodel.transfers import backward_move, forward_move, local_bytes
 from hapc.ir.graph import Graph
@@ -180,13 +179,9 @@ class ProgramPricer:
         self.act_fixed = np.zeros((n, world))
         for step in program.steps:
             if isinstance(step, Compute):
-                node = nodes[step.node]
-                if op_class(node.op) == "view":
-                    continue
-                for out, lay in zip(node.outputs, step.strategy.outputs):
-                    if graph.values[out].requires_grad:
-                        target = self.act if out in batch else self.act_fixed
-                        target[index[step.node]] += np.array(local_bytes(program, out, lay))
+                for out, lay in kept_for_backward(program, nodes[step.node], step):
+                    target = self.act if out in batch else self.act_fixed
+                    target[index[step.node]] += np.array(local_bytes(program, out, lay))
 
         # Parameters: who reads them, what they hold, what their gradients and optimizer cost.
         uses: dict[str, list[int]] = {}
