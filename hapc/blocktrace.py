@@ -98,7 +98,8 @@ def trace_repeated(model: nn.Module, inputs: Sequence[Any],
         return None
     try:
         repeat = _Repeat(g2, layout2, g3, layout3, blocks.path)
-        if repeat.graph(3) != g3 or list(repeat.graph(3).values) != list(g3.values):
+        predicted = repeat.graph(3)
+        if predicted != g3 or list(predicted.values) != list(g3.values):
             return None
         return repeat.graph(blocks.count), dict(short[2].constants)
     except _NotRepeated:
