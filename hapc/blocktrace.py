@@ -14,9 +14,11 @@ move by a constant per layer. Both constants are read off the two short traces.
 Nothing is taken on faith. The copy is used only when
 
 * the blocks are provably interchangeable: same class, same parameter and buffer names,
-  shapes, dtypes and ``requires_grad``, equal plain attributes in every submodule (a
-  ``layer_idx`` that differs means the block may depend on its index), no parameter or buffer
-  shared with anything else, no hooks, the same training mode;
+  shapes, dtypes and ``requires_grad``, equal plain attributes in every submodule, no parameter
+  or buffer shared with anything else, no hooks, the same training mode. The one attribute
+  allowed to differ is an integer counting up with the position (Hugging Face's ``layer_idx``,
+  read only by the generation cache): during the short traces it is replaced by an object that
+  raises when used, so a trace that completes shows that the forward did not read it;
 * the graph of 3 blocks is exactly the one predicted from the graph of 2 (every node, argument,
   shape, source line and name): this catches a first or last block that behaves differently,
   blocks alternating in kind, and a forward that reads the number of layers;
@@ -30,6 +32,7 @@ than the last one (``if i >= 5``); such a model is unusual, and ``--verify`` wou
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -51,10 +54,13 @@ _PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device)
 
 @dataclass(frozen=True)
 class RepeatedBlocks:
-    """The list of interchangeable blocks: its qualified name in the model and its length."""
+    """The list of interchangeable blocks: its qualified name in the model, its length, and the
+    integer attributes that hold each block's position (Hugging Face's ``layer_idx``), as
+    (submodule name within the block, attribute) pairs."""
 
     path: str
     count: int
+    index_attributes: tuple[tuple[str, str], ...] = ()
 
 
 def find_repeated_blocks(model: nn.Module) -> RepeatedBlocks | None:
@@ -67,11 +73,12 @@ def find_repeated_blocks(model: nn.Module) -> RepeatedBlocks | None:
         if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < MIN_BLOCKS:
             continue
         blocks = list(module)
-        if not _interchangeable(blocks, owners):
+        index_attributes = _interchangeable(blocks, owners)
+        if index_attributes is None:
             continue
         size = sum(p.numel() for p in module.parameters())
         if size > best_size:
-            best, best_size = RepeatedBlocks(path, len(blocks)), size
+            best, best_size = RepeatedBlocks(path, len(blocks), index_attributes), size
     return best
 
 
@@ -88,9 +95,10 @@ def trace_repeated(model: nn.Module, inputs: Sequence[Any],
     if blocks is None:
         return None
     try:
-        short = {k: export(_shortened(model, blocks.path, k), tuple(inputs)) for k in (2, 3)}
+        with _positions_hidden(_module_at(model, blocks.path), blocks.index_attributes):
+            short = {k: export(_shortened(model, blocks.path, k), tuple(inputs)) for k in (2, 3)}
         g2, g3 = lift(short[2]), lift(short[3])
-    except Exception:  # the full trace reports the error in the user's terms
+    except Exception:  # a position was used, or the full trace reports the error in the user's terms
         return None
     layout2 = _layout(g2, short[2], blocks.path, 2)
     layout3 = _layout(g3, short[3], blocks.path, 3)
@@ -125,14 +133,74 @@ def _parameter_owners(model: nn.Module) -> dict[int, int]:
     return seen
 
 
-def _interchangeable(blocks: list[nn.Module], owners: dict[int, int]) -> bool:
+def _interchangeable(blocks: list[nn.Module], owners: dict[int, int]) -> tuple[tuple[str, str], ...] | None:
+    """None unless the blocks are interchangeable; else the attributes in which they differ,
+    each an integer that counts up with the block's position (a layer index)."""
     first = _signature(blocks[0])
     if first is None:
-        return False
+        return None
     for block in blocks:
         if any(owners.get(id(t), 0) != 1 for t in list(block.parameters()) + list(block.buffers())):
-            return False          # shared (tied) weights: one layer's names stand for another's
-    return all(_signature(b) == first for b in blocks[1:])
+            return None          # shared (tied) weights: one layer's names stand for another's
+    positional: set[tuple[str, str]] = set()
+    for j, block in enumerate(blocks[1:], start=1):
+        sig = _signature(block)
+        if sig is None or len(sig) != len(first):
+            return None
+        for part0, part in zip(first, sig):
+            if part0 == part:
+                continue
+            if part0[:2] != part[:2] or part0[3:] != part[3:] or [k for k, _ in part0[2]] != [k for k, _ in part[2]]:
+                return None
+            for (key, a), (_, b) in zip(part0[2], part[2]):
+                if a != b and not (a[0] is int and b[0] is int and b[1] - a[1] == j):
+                    return None
+                if a != b:
+                    positional.add((part0[0], key))
+    return tuple(sorted(positional))
+
+
+class _PositionUsed(Exception):
+    pass
+
+
+class _Opaque:
+    """Stands in for a block's layer index during the short traces: any use of it (a comparison,
+    arithmetic, indexing, hashing, printing) raises, so a trace that completes did not read it."""
+
+    __slots__ = ()
+
+    def _used(self, *_: Any) -> Any:
+        raise _PositionUsed("the block's forward reads its layer index")
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __hash__ = __bool__ = __index__ = __int__ = _used
+    __float__ = __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __mod__ = __rmod__ = _used
+    __floordiv__ = __truediv__ = __pow__ = __neg__ = __format__ = __str__ = __repr__ = __iter__ = _used
+    __len__ = __contains__ = __getitem__ = __call__ = __deepcopy__ = __copy__ = __reduce_ex__ = _used
+
+    def __getattr__(self, name: str) -> Any:
+        raise _PositionUsed("the block's forward reads its layer index")
+
+
+def _module_at(model: nn.Module, path: str) -> nn.Module:
+    return model.get_submodule(path) if path else model
+
+
+@contextlib.contextmanager
+def _positions_hidden(blocks: nn.Module, attributes: tuple[tuple[str, str], ...]):
+    """Replace each block's layer-index attributes by :class:`_Opaque` while the short copies
+    are traced (the copies share the user's block objects), and put them back after."""
+    saved = []
+    try:
+        for block in list(blocks)[:3]:
+            for where, key in attributes:
+                owner = block.get_submodule(where) if where else block
+                saved.append((owner, key, owner.__dict__[key]))
+                owner.__dict__[key] = _Opaque()
+        yield
+    finally:
+        for owner, key, value in saved:
+            owner.__dict__[key] = value
 
 
 def _signature(block: nn.Module) -> tuple | None:

@@ -59,19 +59,31 @@ def test_example_models_replicate_to_the_full_trace(file, layers, monkeypatch):
 
 
 @pytest.mark.slow              # importing transformers alone takes seconds
-def test_hf_gpt2_is_not_replicated_because_its_blocks_know_their_index():
-    """Hugging Face blocks keep ``layer_idx``: a block may behave by its index, so no copy."""
+def test_hf_gpt2_falls_back_because_its_forward_reads_the_layer_index(monkeypatch):
+    """Hugging Face blocks keep ``layer_idx``; GPT-2's forward files its keys and values in the
+    generation cache under it (``use_cache`` is on even with labels), so the index is read and
+    the model is traced whole; the blocks get their real indices back."""
     mf = load_model_file(str(MODELS / "hf_gpt2.py"), {**SMALL, "layers": 5, "attn_dropout": 0.0})
-    assert blocktrace.find_repeated_blocks(mf.build_model(device="meta")) is None
+    model = mf.build_model(device="meta")
+    found = blocktrace.find_repeated_blocks(model)
+    assert found is not None and ("attn", "layer_idx") in found.index_attributes
+    full, fast, replicated = _traced_both_ways(model, tuple(t.to("meta") for t in mf.build_inputs()), monkeypatch)
+    assert not replicated
+    _same_ir(full, fast)
+    assert [b.attn.layer_idx for b in model.lm.transformer.h] == list(range(5))
 
 
 class Block(nn.Module):
-    def __init__(self, width: int = 8, scale: float = 1.0):
+    def __init__(self, width: int = 8, scale: float = 1.0, layer_idx: int | None = None, reads_index: bool = False):
         super().__init__()
         self.fc = nn.Linear(width, width)
         self.scale = scale
+        self.layer_idx = layer_idx          # as Hugging Face blocks keep it (for the generation cache)
+        self.reads_index = reads_index
 
     def forward(self, x):
+        if self.reads_index and self.layer_idx >= 4:
+            x = x * 2
         return x + torch.tanh(self.fc(x)) * self.scale
 
 
@@ -81,7 +93,7 @@ class Stack(nn.Module):
     def __init__(self, layers: int = 6, mode: str = "plain"):
         super().__init__()
         self.inp = nn.Linear(4, 8)
-        self.blocks = nn.ModuleList(Block() for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(layer_idx=i, reads_index=mode == "reads-index") for i in range(layers))
         self.mode = mode
 
     def forward(self, x):
@@ -107,7 +119,8 @@ INPUT = (torch.randn(3, 4),)
 
 @pytest.mark.parametrize("mode, replicated", [("plain", True), ("between", True), ("after-last", True),
                                               ("last-differs", False),
-                                              ("alternating", False), ("depth-scaled", False)])
+                                              ("alternating", False), ("depth-scaled", False),
+                                              ("reads-index", False)])
 def test_forward_walking_the_blocks(mode, replicated, monkeypatch):
     torch.manual_seed(0)
     full, fast, used = _traced_both_ways(Stack(mode=mode), INPUT, monkeypatch)
@@ -116,12 +129,16 @@ def test_forward_walking_the_blocks(mode, replicated, monkeypatch):
 
 
 def test_blocks_that_are_not_interchangeable_are_not_copied():
-    assert blocktrace.find_repeated_blocks(Stack()) == blocktrace.RepeatedBlocks("blocks", 6)
+    assert blocktrace.find_repeated_blocks(Stack()) == blocktrace.RepeatedBlocks("blocks", 6, (("", "layer_idx"),))
     assert blocktrace.find_repeated_blocks(Stack(layers=blocktrace.MIN_BLOCKS - 1)) is None
 
+    assert blocktrace.find_repeated_blocks(Stack()).index_attributes == (("", "layer_idx"),)
     differ = Stack()
     differ.blocks[3].scale = 0.5                       # a plain attribute differs
     assert blocktrace.find_repeated_blocks(differ) is None
+    shuffled = Stack()
+    shuffled.blocks[3].layer_idx = 7                   # an integer, but not the position
+    assert blocktrace.find_repeated_blocks(shuffled) is None
 
     tied = Stack()
     tied.blocks[2].fc.weight = tied.blocks[1].fc.weight     # shared parameter
@@ -141,6 +158,7 @@ def test_the_users_model_is_untouched():
     before = [id(b) for b in model.blocks]
     tracer.trace(model, INPUT)
     assert [id(b) for b in model.blocks] == before and len(model.blocks) == 6
+    assert [b.layer_idx for b in model.blocks] == list(range(6))
 
 
 @pytest.mark.slow              # a synthesis on 3 devices: seconds
