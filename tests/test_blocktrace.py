@@ -73,6 +73,33 @@ def test_hf_gpt2_falls_back_because_its_forward_reads_the_layer_index(monkeypatc
     assert [b.attn.layer_idx for b in model.lm.transformer.h] == list(range(5))
 
 
+@pytest.mark.slow
+def test_hf_bert_replicates_with_its_layer_index_unread(monkeypatch):
+    """Hugging Face BERT keeps ``layer_idx`` too, but its encoder has no cache to file under it:
+    replicated, and identical to the full trace."""
+    transformers = pytest.importorskip("transformers")
+
+    class MaskedLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            config = transformers.BertConfig(num_hidden_layers=6, hidden_size=64, num_attention_heads=4,
+                                             intermediate_size=128, vocab_size=101, max_position_embeddings=16,
+                                             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+            config._attn_implementation = "sdpa"
+            self.lm = transformers.BertForMaskedLM(config)
+
+        def forward(self, ids):
+            return self.lm(input_ids=ids, labels=ids).loss
+
+    with torch.device("meta"):
+        model = MaskedLM()
+    found = blocktrace.find_repeated_blocks(model)
+    assert found is not None and found.path == "lm.bert.encoder.layer"
+    full, fast, replicated = _traced_both_ways(model, (torch.randint(0, 101, (3, 16)).to("meta"),), monkeypatch)
+    assert replicated
+    _same_ir(full, fast)
+
+
 class Block(nn.Module):
     def __init__(self, width: int = 8, scale: float = 1.0, layer_idx: int | None = None, reads_index: bool = False):
         super().__init__()
