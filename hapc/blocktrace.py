@@ -342,7 +342,7 @@ class _Repeat:
     def __init__(self, g2: Graph, at2: _Layout, g3: Graph, at3: _Layout, path: str) -> None:
         if at2.span != at3.span or at2.start != at3.start or len(g3.nodes) - len(g2.nodes) != at2.span:
             raise _NotRepeated("the layers do not repeat")
-        self.g, self.at = g2, at2
+        self.g = g2
         nodes = g2.nodes
         self.prefix = nodes[:at2.start]
         self.layer0 = nodes[at2.start:at2.start + at2.span]
@@ -391,11 +391,11 @@ class _Repeat:
 
     def graph(self, count: int) -> Graph:
         g = self.g
-        last_of_layer1 = set(self.layer_names)
+        of_layer1 = set(self.layer_names)
 
         def in_layer(layer: int) -> Callable[[str], str]:
             def rename(name: str) -> str:
-                if name in last_of_layer1:
+                if name in of_layer1:
                     return self.name(name, layer, count)
                 if name in self.previous:                 # read from the layer before
                     return name if layer == 1 else self.name(self.previous[name], layer - 1, count)
@@ -403,7 +403,7 @@ class _Repeat:
             return rename
 
         def in_suffix(name: str) -> str:
-            if name in last_of_layer1:
+            if name in of_layer1:
                 return self.name(name, count - 1, count)
             return self.name(name, 0, count)
 
