@@ -43,7 +43,8 @@ from costmodel.cluster import Cluster, Link
 from costmodel.collectives import best_variant
 from costmodel.compute import lower_bound_seconds
 from costmodel.groups import group_key, link_between, sub_cluster
-from costmodel.pipeline import (
+from costmodel.pipeline import (  # noqa: I001
+    SCHEDULES,  # noqa: F401  (the API checks --schedule against it)
     ProgramPricer,
     ProgramProfile,
     ScheduleCost,
