@@ -62,7 +62,8 @@ MAX_STAGES = 16          # most stages a plan may have
 CAP_BATCH = 8            # step caps solved together by one (vectorised) DP run
 DP_RUN_LIMIT = 400       # DP runs per planning; what is left unexplored then counts in the gap
 EXACT_TOLERANCE = 1e-9   # relative gap under which a plan is reported exact
-FRONT_WIDTHS = (4, 16)   # (W, V) front sizes tried by the exact DP before it gives up on a cap
+FRONT_WIDTHS = (12, 48)  # (W, V) front sizes tried by the exact DP before it gives up on a cap
+FRONT_RUN_LIMIT = 40     # exact front DPs per planning; past it, caps keep their W + e0 bound (a gap)
 UNBOUNDED_MEMORY = 10**18
 
 
@@ -131,6 +132,7 @@ class _Problem:
     gpipe_memory: bool           # every stage holds all m micro-batches (GPipe), not min(m, k) (1F1B)
     steps: np.ndarray            # sorted distinct step values: the caps worth trying
     gates: dict[int, list[np.ndarray]] = field(default_factory=dict)   # per in-flight count
+    ahead: np.ndarray | None = None      # [p, i] least forward time before a state (a bound)
 
 
 class _Search:
@@ -351,8 +353,13 @@ class StagePlanner:
             for m in counts:
                 problems.append(self._problem(nodes, positions, starts, m, stages, schedule == "gpipe"))
         search = _Search(bound, schedule or "1f1b")
+        # First the cheap bound alone, for a good incumbent; then again, proving it with the
+        # exact front DP only where the cheap bound stays under that incumbent.
         for prob in problems:
-            self._branch_and_bound(prob, search)
+            self._branch_and_bound(prob, search, fronts=False)
+        search.lower_bounds.clear()
+        for prob in problems:
+            self._branch_and_bound(prob, search, fronts=True)
         best = search.best
         if best is not None:
             lower = min([best.iteration_seconds] + search.lower_bounds)
@@ -411,7 +418,7 @@ class StagePlanner:
         xf, xb = self._send_cache[key]
         return xf.copy(), xb.copy()
 
-    def _branch_and_bound(self, prob: _Problem, search: _Search) -> None:
+    def _branch_and_bound(self, prob: _Problem, search: _Search, fronts: bool) -> None:
         """The least ``(m - 1) * B + W + e0`` over step caps ``B``, exactly: caps are bisected over
         the distinct step values; an interval of caps is dropped when its lower bound reaches
         the best pipeline priced so far (module docstring)."""
@@ -445,11 +452,11 @@ class StagePlanner:
                 bottleneck = max(float(arc.gate[i, j]) for arc, i, j in chosen)
                 t = int(np.searchsorted(steps, bottleneck))
                 search.consider(self, chosen, prob.m)
-                if search.open((prob.m - 1) * steps[t] + least) and \
+                if fronts and search.open((prob.m - 1) * steps[t] + least) and search.pareto_runs < FRONT_RUN_LIMIT and \
                         _pipeline_sum(chosen) + _tail_excess(chosen) > least * (1 + EXACT_TOLERANCE):
                     # A later stage's tail ends the iteration: the bound W + e0 is not tight here.
                     # The exact DP over (W, V) fronts prices the cap instead.
-                    exact = self._pareto_dp(prob, float(steps[hi]))
+                    exact = self._pareto_dp(prob, float(steps[hi]), search.upper - (prob.m - 1) * steps[first])
                     search.pareto_runs += 1
                     if exact is not None:
                         least, chosen = exact
@@ -511,21 +518,39 @@ class StagePlanner:
                     pick_cut[k, :, arc.start][better] = j[better]
         return value, pick_arc, pick_cut
 
-    def _pareto_dp(self, prob: _Problem, cap: float) -> tuple[float, list[tuple[_Arc, int, int]]] | None:
-        """The least exact ``W + H`` under one step cap, and its stages (empty when none fits);
-        None when a front outgrew :data:`FRONT_WIDTHS` (the caller keeps its bound).
+    def _pareto_dp(self, prob: _Problem, cap: float,
+                   limit: float) -> tuple[float, list[tuple[_Arc, int, int]]] | None:
+        """The least exact ``V = W + H`` under one step cap, below ``limit``, and its stages
+        (empty when none is below); None when a front outgrew :data:`FRONT_WIDTHS` (the caller
+        keeps its bound).
 
         ``V = max(w + x + e + W_rest, f + x_f + V_rest)`` for a stage followed by the rest, so
         each state keeps its Pareto front of ``(W, V)`` pairs (a pair worse in both can never
-        end better). Fronts are small: a front point trades pipeline time against a tail."""
+        end better). A pair is dropped once the least forward time of any stages before it
+        plus its ``V`` reaches ``limit``: the whole plan's ``V`` can only be larger."""
         for width in FRONT_WIDTHS:
-            found = self._pareto_fronts(prob, cap, width)
+            found = self._pareto_fronts(prob, cap, width, limit)
             if found is not None:
                 return found
         return None
 
-    def _pareto_fronts(self, prob: _Problem, cap: float, width: int):
+    def _least_ahead(self, prob: _Problem) -> np.ndarray:
+        """``[p, i]``: the least sum of ``f + x_f`` of stages covering cuts ``0..i`` on the
+        devices before position ``p`` (caps and memory ignored: a bound)."""
+        if prob.ahead is None:
+            c = len(self.cuts)
+            ahead = np.full((prob.n_pos, c), np.inf)
+            ahead[0, 0] = 0.0
+            for arc in sorted(prob.arcs, key=lambda a: a.start):
+                reach = np.where(np.isfinite(arc.gate), ahead[arc.start][:, None] + arc.ahead, np.inf).min(axis=0)
+                np.minimum(ahead[arc.end], reach, out=ahead[arc.end])
+            prob.ahead = ahead
+        return prob.ahead
+
+    def _pareto_fronts(self, prob: _Problem, cap: float, width: int, limit: float):
         c, n_pos, top = len(self.cuts), prob.n_pos, prob.max_stages
+        before = self._least_ahead(prob)
+        jj, ff = np.meshgrid(np.arange(c), np.arange(width), indexing="ij")
         front_w = np.full((top + 1, n_pos, c, width), np.inf)
         front_v = np.full((top + 1, n_pos, c, width), np.inf)
         front_w[0, :, c - 1, 0] = 0.0
@@ -548,9 +573,10 @@ class StagePlanner:
                     w = np.where(ok, arc.busy[:, :, None] + rest_w[None], np.inf)
                     v = np.where(ok, np.maximum(arc.busy_tail[:, :, None] + rest_w[None],
                                                 arc.ahead[:, :, None] + rest_v[None]), np.inf)
+                    v[v + before[p][:, None, None] >= limit] = np.inf
+                    w[np.isinf(v)] = np.inf
                     ws.append(w.reshape(c, -1))
                     vs.append(v.reshape(c, -1))
-                    jj, ff = np.meshgrid(np.arange(c), np.arange(width), indexing="ij")
                     ids.append(np.stack([np.full(c * width, ai), jj.ravel(), ff.ravel()], axis=1))
                 if not ws:
                     continue
