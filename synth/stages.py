@@ -9,7 +9,7 @@ shares included), priced on the group as a cluster of its own. The planner choos
 * the **cuts**: positions between nodes of the graph where few activation bytes are live
   (between transformer blocks, say), since everything live crosses the link;
 * the **micro-batch count** (powers of two that leave every group member a sample) and the
-  schedule (1F1B; GPipe when it fits and is faster).
+  schedule (1F1B; GPipe when forced, see below).
 
 **Memoised pricing.** Each distinct group (same devices and links, wherever it sits) is
 synthesised once, for the whole graph; :func:`costmodel.pipeline.profile_program` prices its
@@ -17,15 +17,34 @@ program per node and keeps prefix sums, so a layer range on that group costs two
 subtractions. The group's program is chosen for speed with memory left unbounded; memory is
 checked per stage for the layers it holds and the micro-batches in flight.
 
-**Search.** For a cap ``B`` on the slowest pipeline step, a DP over (stages left, first device
-position, first cut) minimises the sum of stage and transfer steps subject to every step
-<= ``B`` and every stage fitting its memory with ``min(m, stages left)`` micro-batches in flight
-(1F1B); the iteration is about ``sum + (m - 1) * max``, so sweeping ``B`` over the distinct
-step values explores the trade-off. Each DP optimum is then priced exactly by
-:func:`costmodel.pipeline.schedule_cost` (gradient sync, optimizer tails, both schedules) and
-the fastest that fits wins. The result is the optimum of the swept caps, not a proven optimum
-of the whole space; the caller keeps the one-stage plan over all devices as a candidate, so a
-pipelined plan is only chosen when it is predicted faster.
+**Search, exact under the cost model.** For ``S`` stages with steps ``w_s`` (compute plus
+the unhidden part of its sends), sends ``x_s``, forward parts ``f_s``, tails ``e_s`` (exposed
+gradient sync + optimizer) and backward drains ``d_s = b_s + x_s^bwd``, 1F1B gives
+
+    T = (m - 1) * B + W + H,   B = max(w ∪ x),  W = sum(w) + sum(x),  H = max_s (e_s - sum_{t<s} d_t)
+
+(:func:`costmodel.pipeline.schedule_cost`). For a cap on ``B`` a DP over (stages left, first
+device position, first cut) gives the least ``W + e_0``, a lower bound on ``W + H`` for every
+plan under the cap (``H >= e_0``), with each stage's memory checked for its ``min(m, stages
+left)`` in-flight micro-batches. Caps are the distinct step values, searched by bisection:
+an interval of caps ``[lo, hi]`` solved at ``hi`` proves ``(m - 1) * cap_lo + bound`` for all its
+plans and is dropped when that reaches the incumbent; the plan found at ``hi`` closes the
+caps from its own bottleneck up. Where a later stage's tail ends the iteration (``H > e_0``)
+and the bound is still under the incumbent, an exact DP over Pareto fronts of ``(W, V = W + H)``
+per state prices that cap instead (``V = max(w + x + e + W_rest, f + x_f + V_rest)``, monotone in
+both). The search runs twice: the cheap bound alone first, for a good incumbent over every
+order and micro-batch count, then again with the fronts where needed. The plan reports
+``exact`` and its ``gap`` to the least bound left open (non-zero only when a budget,
+:data:`DP_RUN_LIMIT` or :data:`FRONT_RUN_LIMIT`, or a front wider than :data:`FRONT_WIDTHS`
+cut the proof short, or when GPipe is forced: its bound is the 1F1B relaxation).
+
+The space searched: the groups and orders above, the cut candidates
+(:func:`cut_candidates`), power-of-two micro-batch counts, up to :data:`MAX_STAGES` stages;
+each group runs its own whole-graph program (chosen with memory unbounded), a stage its
+slice of it. GPipe is priced only when forced: per stage list its steady state pays
+``max(f) + max(b)`` per micro-batch where 1F1B pays ``max(f + b)``, and it holds more
+micro-batches, so it never wins under this model. The caller keeps the one-stage plan over
+all devices as a candidate, so a pipelined plan is only chosen when it is predicted faster.
 
 Deterministic: groups, cuts and caps are enumerated in fixed orders and ties keep the first.
 """
