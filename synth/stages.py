@@ -358,6 +358,9 @@ class StagePlanner:
                             f"stages ({len(self.cuts) - 2} cut points)")
         if microbatches is not None and microbatches > self.batch:
             raise UserError(f"--microbatches {microbatches} is more than the batch of {self.batch} samples")
+        if microbatches is not None and self.batch % microbatches:
+            raise UserError(f"--microbatches {microbatches} does not divide the batch of {self.batch} samples "
+                            f"(micro-batches must be equal)")
         bound = math.inf if incumbent_seconds is None else float(incumbent_seconds)
         if bound < math.inf and lower_bound_seconds(self.graph, self.cluster) >= bound:
             return None          # not even a perfectly balanced pipeline computes faster than the incumbent

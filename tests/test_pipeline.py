@@ -444,3 +444,16 @@ def test_gpipe_is_never_faster_than_1f1b_for_the_same_stages():
         gpipe = schedule_cost(stages, m, "gpipe", overlap)
         assert one_f.iteration_seconds <= gpipe.iteration_seconds + 1e-12
         assert all(a <= b for x, y in zip(one_f.stage_memory_bytes, gpipe.stage_memory_bytes) for a, b in zip(x, y))
+
+
+def test_forced_pipelines_that_cannot_work_name_the_number(gpt2l):
+    from dataclasses import replace
+
+    from synth.stages import StagePlanner
+
+    planner = StagePlanner(gpt2l.graph, load_cluster(str(TWO_NODES)))
+    with pytest.raises(UserError, match=r"\-\-microbatches 3 does not divide the batch of 32"):
+        planner.plan(microbatches=3)
+    tiny = load_cluster(str(TWO_NODES))
+    tiny = replace(tiny, devices=[replace(d, memory_bytes=1e5) for d in tiny.devices])
+    assert StagePlanner(gpt2l.graph, tiny).plan(stages=2) is None      # the API turns this into its one line
