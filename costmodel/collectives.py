@@ -133,7 +133,7 @@ def best_variant(kind: str, piece_bytes: Sequence[float], cluster: Cluster,
     if kind not in AUTO_VARIANTS:
         raise ValueError(f"unknown collective {kind!r}; expected one of {', '.join(KINDS)}")
     ranks = list(range(len(piece_bytes))) if ranks is None else list(ranks)
-    spans = len(cluster.ranks_by_node(ranks)) > 1
+    spans = cluster.group_shape(ranks).spans_nodes
     best: tuple[str, float] | None = None
     for v in variants or AUTO_VARIANTS[kind]:
         if v == "hierarchical" and not spans:
@@ -179,14 +179,14 @@ def _all_reduce(variant: str, pieces: list[float], cluster: Cluster, ranks: list
 
 
 def _hier_all_reduce(n: float, cluster: Cluster, ranks: list[int]) -> float:
-    groups = cluster.ranks_by_node(ranks)
+    shape = cluster.group_shape(ranks)
     intra = 0.0
-    for g in groups:
+    for g, link in zip(shape.by_node, shape.node_links):
         k = len(g)
         if k > 1:
-            a, bw = _ab(cluster.group_link(g))
+            a, bw = _ab(link)
             intra = max(intra, (k - 1) * a + (k - 1) / k * n / bw)
-    nodes = len(groups)
+    nodes = len(shape.by_node)
     inter = 0.0
     if nodes > 1:
         a, bw = _ab(cluster.network)
@@ -212,17 +212,18 @@ def _gather_like(variant: str, pieces: list[float], cluster: Cluster, ranks: lis
 
 
 def _hier_gather(m: float, cluster: Cluster, ranks: list[int]) -> float:
-    groups = cluster.ranks_by_node(ranks)
+    shape = cluster.group_shape(ranks)
+    groups = shape.by_node
     nodes, widest = len(groups), max(len(g) for g in groups)
     inter = 0.0
     if nodes > 1:
         a, bw = _ab(cluster.network)
         inter = (nodes - 1) * a + (nodes - 1) * widest * m / bw
     intra = 0.0
-    for g in groups:
+    for g, link in zip(groups, shape.node_links):
         k = len(g)
         if k > 1:
-            a, bw = _ab(cluster.group_link(g))
+            a, bw = _ab(link)
             intra = max(intra, (k - 1) * a + (k - 1) * nodes * m / bw)
     return inter + intra
 
@@ -277,29 +278,26 @@ def _pairwise(matrix: Sequence[Sequence[float]], cluster: Cluster, ranks: list[i
 def _pairwise_uniform(share: list[float], cluster: Cluster, ranks: list[int]) -> float:
     """:func:`_pairwise` for a matrix whose row ``i`` sends ``share[i]`` to every other rank
     (an even all-to-all, an all-gather run as one): the same sums in closed form per node,
-    linear in ranks instead of quadratic (256 ranks priced in microseconds, not a second)."""
+    linear in nodes after one pass over the pieces (256 ranks priced in microseconds).
+
+    On a node with ``n`` members sending ``sent`` in all, member ``i`` sends ``share[i] (n-1)``
+    and receives ``sent - share[i]`` over the intra-node link, so the busiest member is the one
+    with the largest piece (sending) or the smallest (receiving)."""
     p = len(ranks)
-    node = [cluster.node_of(r) for r in ranks]
-    members: dict[int, int] = {}
-    sent: dict[int, float] = {}
-    for nd, x in zip(node, share):
-        members[nd] = members.get(nd, 0) + 1
-        sent[nd] = sent.get(nd, 0.0) + x
+    shape = cluster.group_shape(ranks)
     total = sum(share)
     worst = 0.0
-    for i in range(p):
-        nd = node[i]
-        out_intra = share[i] * (members[nd] - 1)
-        in_intra = sent[nd] - share[i]
-        link = cluster.nodes[nd].intra_link
-        if link is not None and max(out_intra, in_intra) > 0:
-            worst = max(worst, max(out_intra, in_intra) / link.bandwidth_Bps)
-    if cluster.network is not None:
-        for nd, n in members.items():
-            out = sent[nd] * (p - n)
-            into = (total - sent[nd]) * n
-            worst = max(worst, max(out, into) / cluster.network.bandwidth_Bps)
-    a, _ = _ab(cluster.group_link(ranks))
+    network = cluster.network
+    for positions, link in zip(shape.positions, shape.node_links):
+        pieces = [share[i] for i in positions]
+        n, sent = len(pieces), sum(pieces)
+        if link is not None:
+            busiest = max(max(pieces) * (n - 1), sent - min(pieces))
+            if busiest > 0:
+                worst = max(worst, busiest / link.bandwidth_Bps)
+        if network is not None:
+            worst = max(worst, max(sent * (p - n), (total - sent) * n) / network.bandwidth_Bps)
+    a, _ = _ab(shape.link)
     return (p - 1) * a + worst
 
 
@@ -310,12 +308,14 @@ _PRICERS = {"all_reduce": _all_reduce, "all_gather": _gather_like, "reduce_scatt
 def _check(kind: str, variant: str, piece_bytes: Sequence[float], cluster: Cluster,
            ranks: Sequence[int] | None) -> tuple[str, str, list[int]]:
     v = resolve_variant(kind, variant)
-    ranks = list(range(len(piece_bytes))) if ranks is None else list(ranks)
+    given = ranks is not None
+    ranks = list(ranks) if given else list(range(len(piece_bytes)))
     if len(ranks) != len(piece_bytes):
         raise ValueError(f"{kind}: {len(piece_bytes)} piece sizes for a group of {len(ranks)} ranks")
-    if len(set(ranks)) != len(ranks) or any(not 0 <= r < cluster.world for r in ranks):
+    if len(ranks) > cluster.world or given and (len(set(ranks)) != len(ranks) or
+                                                 any(not 0 <= r < cluster.world for r in ranks)):
         raise ValueError(f"{kind}: ranks {ranks} are not distinct ranks of a {cluster.world}-device cluster")
-    if any(b < 0 for b in piece_bytes):
+    if piece_bytes and min(piece_bytes) < 0:
         raise ValueError(f"{kind}: negative piece size in {list(piece_bytes)}")
     return kind, v, ranks
 
