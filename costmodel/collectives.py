@@ -132,8 +132,8 @@ def best_variant(kind: str, piece_bytes: Sequence[float], cluster: Cluster,
     """The cheapest applicable variant and its seconds (ties go to the earlier variant)."""
     if kind not in AUTO_VARIANTS:
         raise ValueError(f"unknown collective {kind!r}; expected one of {', '.join(KINDS)}")
-    ranks = list(range(len(piece_bytes))) if ranks is None else list(ranks)
-    spans = cluster.group_shape(ranks).spans_nodes
+    ranks = None if ranks is None else list(ranks)     # None: the first len(piece_bytes) ranks
+    spans = cluster.group_shape(range(len(piece_bytes)) if ranks is None else ranks).spans_nodes
     best: tuple[str, float] | None = None
     for v in variants or AUTO_VARIANTS[kind]:
         if v == "hierarchical" and not spans:
