@@ -92,9 +92,10 @@ class MemoryReport:
         head = f"{'rank':>4} {'device':<12} {'params':>8} {'grads':>8} {'optim':>8} {'activ':>8} " \
                f"{'comm':>8} {'total':>8} {'capacity':>8}  (GB)"
         rows = [head]
+        fits, missing = self.fits, self.missing_bytes()        # once, not once per row
         for r, d in enumerate(self.devices):
             cap = f"{self.capacity_bytes[r] / 1e9:8.2f}" if self.capacity_bytes else f"{'-':>8}"
-            flag = "" if self.fits[r] else f"  short by {self.missing_bytes()[r] / 1e9:.2f} GB"
+            flag = "" if fits[r] else f"  short by {missing[r] / 1e9:.2f} GB"
             name = self.names[r] if r < len(self.names) else ""
             rows.append(f"{r:>4} {name:<12} " + " ".join(f"{getattr(d, p) / 1e9:8.3f}" for p in PARTS)
                         + f" {d.total_bytes / 1e9:8.3f} {cap}{flag}")

@@ -120,12 +120,13 @@ class SimResult:
             (f"{'rank':>4} {'node':>4} {'device':<12} {'share':>6} {'compute ms':>11} {'comm ms':>9} "
              f"{'idle ms':>9} {'memory GB':>10} {'of GB':>7}"),
         ]
+        fits, peaks = self.memory.fits, self.peak_memory_bytes      # once, not once per row
         for r, dev in enumerate(self.cluster.devices):
-            fit = "" if self.memory.fits[r] else "  (does not fit)"
+            fit = "" if fits[r] else "  (does not fit)"
             lines.append(
                 f"{r:>4} {dev.node:>4} {dev.type:<12} {self.shares[r]:6.3f} {self.compute_seconds[r] * ms:11.3f} "
                 f"{self.comm_seconds[r] * ms:9.3f} {self.idle_seconds[r] * ms:9.3f} "
-                f"{self.peak_memory_bytes[r] / 1e9:10.3f} {dev.memory_bytes / 1e9:7.1f}{fit}")
+                f"{peaks[r] / 1e9:10.3f} {dev.memory_bytes / 1e9:7.1f}{fit}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
