@@ -237,11 +237,53 @@ def _one_to_all(variant: str, pieces: list[float], cluster: Cluster, ranks: list
     return _steps_log(p) * (a + n / bw)
 
 
+class OverlapSends(Sequence[tuple[float, ...]]):
+    """The send matrix of a re-sharding all-to-all, kept as its two factors.
+
+    When rank ``r`` holds ``before[r]`` bytes of a tensor cut one way and rank ``s`` wants
+    ``after[s]`` bytes of it cut another way, ``r`` sends ``s`` their overlap,
+    ``before[r] * after[s] / total`` (nothing to itself). Written out that is ``p^2`` numbers
+    (65,536 at 256 ranks, per move, per simulation); as factors the per-node sums that
+    :func:`collective_seconds` needs come in closed form, linear in ranks. It reads as the
+    matrix (rows on demand, equal to a tuple of tuples with the same entries) for any code that
+    wants the entries.
+    """
+
+    def __init__(self, before: Sequence[float], after: Sequence[float], total: float) -> None:
+        self.before, self.after, self.total = tuple(before), tuple(after), float(total)
+
+    def __len__(self) -> int:
+        return len(self.before)
+
+    def __getitem__(self, r):  # type: ignore[override]
+        if isinstance(r, slice):
+            return [self[i] for i in range(len(self))[r]]
+        b, full = self.before[r], self.total
+        return tuple(0.0 if r == s or full == 0 else b * a / full for s, a in enumerate(self.after))
+
+    def transposed(self) -> OverlapSends:
+        """What the backward sends: every piece back where it came from."""
+        return OverlapSends(self.after, self.before, self.total)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, OverlapSends):
+            return (self.before, self.after, self.total) == (other.before, other.after, other.total)
+        return isinstance(other, Sequence) and len(other) == len(self) and all(
+            tuple(row) == mine for row, mine in zip(other, self))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"OverlapSends({len(self)} ranks, {self.total:g} bytes)"
+
+
 def _all_to_all(variant: str, pieces: list[float], cluster: Cluster, ranks: list[int],
                 matrix: Sequence[Sequence[float]] | None) -> float:
     p = len(ranks)
     if matrix is None and variant != "tree":
         return _pairwise_uniform([x / p for x in pieces], cluster, ranks)
+    if isinstance(matrix, OverlapSends):
+        return _overlap_all_to_all(variant, matrix, cluster, ranks)
     if matrix is None:
         matrix = [[x / p if s != r else 0.0 for s in range(p)] for r, x in enumerate(pieces)]
     if variant == "tree":
@@ -250,6 +292,40 @@ def _all_to_all(variant: str, pieces: list[float], cluster: Cluster, ranks: list
         steps = _steps_log(p)
         return steps * (a + busiest / 2 / bw)
     return _pairwise(matrix, cluster, ranks)
+
+
+def _overlap_all_to_all(variant: str, sends: OverlapSends, cluster: Cluster, ranks: list[int]) -> float:
+    """:func:`_pairwise` (and the Bruck form) for an :class:`OverlapSends` matrix, in closed
+    form per node: with ``B`` and ``A`` the sums of ``before`` and ``after`` over a set of
+    ranks, rank ``i`` sends ``before[i] (A - after[i]) / total`` to the others of that set and
+    receives ``after[i] (B - before[i]) / total`` from them."""
+    p, full = len(ranks), sends.total
+    shape = cluster.group_shape(ranks)
+    if full == 0:
+        return 0.0
+    before, after = sends.before, sends.after
+    if variant == "tree":
+        a, bw = _ab(shape.link)
+        all_after = sum(after)
+        busiest = max(b * (all_after - x) / full for b, x in zip(before, after))
+        return _steps_log(p) * (a + busiest / 2 / bw)
+    all_before, all_after = sum(before), sum(after)
+    worst = 0.0
+    network = cluster.network
+    for positions, link in zip(shape.positions, shape.node_links):
+        node_before = sum(before[i] for i in positions)
+        node_after = sum(after[i] for i in positions)
+        if link is not None:
+            busiest = max(max(before[i] * (node_after - after[i]), after[i] * (node_before - before[i]))
+                          for i in positions) / full
+            if busiest > 0:
+                worst = max(worst, busiest / link.bandwidth_Bps)
+        if network is not None:
+            out = node_before * (all_after - node_after) / full
+            into = node_after * (all_before - node_before) / full
+            worst = max(worst, max(out, into) / network.bandwidth_Bps)
+    a, _ = _ab(shape.link)
+    return (p - 1) * a + worst
 
 
 def _pairwise(matrix: Sequence[Sequence[float]], cluster: Cluster, ranks: list[int]) -> float:
@@ -321,4 +397,9 @@ def _check(kind: str, variant: str, piece_bytes: Sequence[float], cluster: Clust
 
 
 def _any(matrix: Sequence[Sequence[float]] | None) -> bool:
+    if isinstance(matrix, OverlapSends):      # some r != s with before[r] * after[s] > 0
+        senders = [r for r, b in enumerate(matrix.before) if b > 0]
+        takers = [s for s, a in enumerate(matrix.after) if a > 0]
+        return matrix.total != 0 and bool(senders) and bool(takers) and \
+            (len(senders) > 1 or len(takers) > 1 or senders != takers)
     return matrix is not None and any(x > 0 for row in matrix for x in row)
