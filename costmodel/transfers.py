@@ -55,11 +55,7 @@ def local_bytes(program: DistProgram, name: str, layout: Layout) -> list[float]:
     full = float(meta.numel * DTYPE_BYTES.get(meta.dtype, 4))
     if not isinstance(layout, Shard):
         return [full] * program.world
-    d = program._dim(name, layout.dim)
-    length = meta.shape[d]
-    if length == 0:
-        return [0.0] * program.world
-    return [full * n / length for n in program.lengths(name, d)]
+    return program.piece_bytes(name, layout.dim, full)
 
 
 def forward_move(program: DistProgram, step: Redistribute) -> Move | None:
