@@ -21,7 +21,10 @@ The model is bulk-synchronous, as an SPMD program with blocking collectives is:
 4. **Optimizer step** on each rank's local parameters once all gradients are synchronised:
    memory-bound (AdamW reads parameter, gradient and two moments and writes three).
 
-Per rank, compute + communication + idle = the iteration time. A Redistribute's method
+Per rank, compute + communication + idle = the iteration time. Ranks the model cannot tell
+apart (same device, same piece lengths; :mod:`costmodel.classes`) share one timeline, so a
+simulation costs the number of classes, not of devices (3 timelines for 256 GPUs of two kinds),
+and gives every rank exactly the numbers a timeline of its own would. A Redistribute's method
 ``"auto"`` picks the cheapest collective variant (:func:`costmodel.collectives.best_variant`).
 
 Per-rank work of a ``Compute``: the fraction of the op a rank holds is its local length over
