@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from costmodel.cluster import Cluster, Device
+from costmodel.cluster import Cluster
 from hapc.ir.program import DistProgram
 from hapc.ir.shards import shard_lengths
 
@@ -65,15 +65,10 @@ class RankClasses:
         return out
 
 
-def device_key(device: Device) -> tuple:
-    """What makes two devices interchangeable to the cost model (not their rank or node)."""
-    return (device.type, tuple(sorted(device.peak_flops.items())), device.memory_bytes, device.hbm_bandwidth_Bps)
-
-
 def rank_classes(program: DistProgram, cluster: Cluster | None) -> RankClasses:
     """The classes of ranks that the cost model cannot tell apart under ``program``.
 
-    The signature of a rank is its device key, whether it is rank 0, and its piece length
+    The signature of a rank is its kind of device (:meth:`Cluster.device_kinds`), whether it is rank 0, and its piece length
     for every (length, block count) pair of the program's sharded dimensions, also taken
     with no blocking (the form :meth:`DistProgram.lengths` uses for a dimension it does not
     know), so every length the simulator or memory model can ask for is covered. Without a
@@ -87,7 +82,7 @@ def rank_classes(program: DistProgram, cluster: Cluster | None) -> RankClasses:
         pairs.add((length, length))
     shares = tuple(program.shares)
     columns = [shard_lengths(length, shares, n_blocks) for length, n_blocks in sorted(pairs)]
-    keys = [device_key(d) for d in cluster.devices] if cluster is not None else [None] * world
+    keys = cluster.device_kinds() if cluster is not None else (None,) * world
     signatures = zip(keys, (r == 0 for r in range(world)), *columns) if columns else \
         zip(keys, (r == 0 for r in range(world)))
     index: dict[tuple, int] = {}

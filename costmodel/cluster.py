@@ -136,6 +136,7 @@ class Cluster:
     _kind_views: dict[str, Cluster] = field(default_factory=dict, init=False, repr=False, compare=False)
     _groups: dict[tuple[int, ...] | None, GroupShape] = field(default_factory=dict, init=False, repr=False,
                                                               compare=False)
+    _kinds: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     # ---- structure -------------------------------------------------------------------------
     @property
@@ -217,6 +218,17 @@ class Cluster:
         nodes). None for a group of one rank.
         """
         return self.group_shape(ranks).link
+
+    def device_kinds(self) -> tuple[int, ...]:
+        """Each rank's kind of device, numbered in order of first appearance: ranks of one kind
+        have the same type and capabilities (peaks, memory, HBM bandwidth), so the cost model
+        prices them alike (:mod:`costmodel.classes`). Made once per cluster."""
+        if self._kinds is None:
+            index: dict[tuple, int] = {}
+            self._kinds = tuple(index.setdefault(
+                (d.type, tuple(sorted(d.peak_flops.items())), d.memory_bytes, d.hbm_bandwidth_Bps), len(index))
+                for d in self.devices)
+        return self._kinds
 
     # ---- capabilities ----------------------------------------------------------------------
     def peak_flops(self, rank: int, dtype: str = "fp32") -> float:

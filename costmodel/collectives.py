@@ -94,7 +94,7 @@ def collective_seconds(kind: str, piece_bytes: Sequence[float], cluster: Cluster
     if variant == "auto":
         return best_variant(kind, piece_bytes, cluster, ranks, send_matrix=send_matrix)[1]
     kind, variant, ranks = _check(kind, variant, piece_bytes, cluster, ranks)
-    pieces = [float(b) for b in piece_bytes]
+    pieces = list(map(float, piece_bytes))
     if len(ranks) <= 1 or (max(pieces) <= 0 and not _any(send_matrix)):
         return 0.0
     return _PRICERS[kind](variant, pieces, cluster.for_collective(runs_as(kind, variant)), list(ranks), send_matrix)

@@ -137,10 +137,11 @@ def program_memory(program: DistProgram, cluster: Cluster | None = None,
     sums = {part: [0.0] * lanes for part in ("params_bytes", "grads_bytes", "optimizer_bytes",
                                              "activations_bytes")}
 
-    def add(part: str, amounts: Sequence[float]) -> None:
+    def add(part: str, amounts: Sequence[float], times: float | None = None) -> None:
+        """Add each class's amount (``times`` it, when given) to ``part``."""
         acc = sums[part]
         for c, r in enumerate(reps):
-            acc[c] += amounts[r]
+            acc[c] += amounts[r] if times is None else times * amounts[r]
 
     for name in graph.params + graph.buffers:
         layout = program.source_layouts.get(name, Replicate())
@@ -148,7 +149,7 @@ def program_memory(program: DistProgram, cluster: Cluster | None = None,
         add("params_bytes", piece)
         if graph.values[name].requires_grad:
             add("grads_bytes", piece)
-            add("optimizer_bytes", [copies * x for x in piece])
+            add("optimizer_bytes", piece, copies)
     for name in graph.inputs:
         add("activations_bytes", local_bytes(program, name, program.source_layouts.get(name, Replicate())))
 
@@ -198,7 +199,7 @@ def _add_autocast_copies(program: DistProgram, node, step: Compute, seen: set[st
         v = graph.values[ref]
         if v.kind == "param" and v.meta.dtype == "float32" and ref not in seen:
             seen.add(ref)
-            add("activations_bytes", [x / 2 for x in local_bytes(program, ref, layout)])
+            add("activations_bytes", local_bytes(program, ref, layout), 0.5)
 
 
 def _add_redistribute(program: DistProgram, step: Redistribute, mem: list[DeviceMemory],

@@ -289,9 +289,11 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
 
 
 def _fractions(program: DistProgram, step: Compute, outputs: tuple[str, ...],
-               ranks: Sequence[int]) -> list[float]:
-    """Each of ``ranks``' share of a Compute's work: local over global length of its sharded
-    dimension."""
+               ranks: Sequence[int] | None = None) -> list[float]:
+    """Each of ``ranks``' (default: every rank's) share of a Compute's work: local over global
+    length of its sharded dimension."""
+    if ranks is None:
+        ranks = range(program.world)
     pairs = list(zip(step.inputs, step.strategy.inputs)) + list(zip(outputs, step.strategy.outputs))
     for name, layout in pairs:
         if isinstance(layout, Shard):

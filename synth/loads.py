@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.classes import device_key
 from costmodel.cluster import Cluster
 from costmodel.compute import node_seconds
 from costmodel.memory import program_memory
@@ -27,11 +26,10 @@ def share_problem(program: DistProgram, sim: SimResult, cluster: Cluster,
                   optimizer: str | int = "adamw") -> ShareProblem:
     # Whole-node times depend on the device alone: summed once per kind of device, then
     # spread over the ranks (the same additions, in the same order, as rank by rank).
-    kinds: dict[tuple, int] = {}
-    kind_of = [kinds.setdefault(device_key(d), len(kinds)) for d in cluster.devices]
+    kind_of = list(cluster.device_kinds())
     first = {k: r for r, k in reversed(list(enumerate(kind_of)))}
-    a_kind = np.zeros(len(kinds))
-    b_kind = np.zeros(len(kinds))
+    a_kind = np.zeros(len(first))
+    b_kind = np.zeros(len(first))
     nodes = {n.name: n for n in program.graph.nodes}
     for step in program.steps:
         if not isinstance(step, Compute):
