@@ -29,6 +29,9 @@ from typing import Any
 import torch
 
 from costmodel.simulator import factor_synced_params
+from hapc.codegen import by_block
+from hapc.codegen.blocks import Block, find_blocks
+from hapc.codegen.indexed import render_dict, render_tuple
 from hapc.ir.graph import Node, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute, empty_ranks
@@ -99,9 +102,10 @@ def render(program: DistProgram, model_name: str, *, model_kwargs: dict, optimiz
     doc_end = ast.parse(skeleton).body[0].end_lineno
     head = "\n".join(head.splitlines()[doc_end:])
     names = _Names(program)
-    body = _tables(program, names, model_name, model_kwargs, optimizer, seed, cluster) + "\n" + \
+    blocks = find_blocks(program)       # repeated layers: written once, called per layer
+    body = _tables(program, names, model_name, model_kwargs, optimizer, seed, cluster, blocks) + "\n" + \
         _precision_tables(precision) + "\n\n\n" + \
-        _forward(program, names, cluster)
+        _forward(program, names, cluster, blocks)
     return _docstring(program, model_name, plan_summary) + head.rstrip("\n") + "\n\n" + BEGIN + "\n" + body + \
         "\n" + END + tail
 
@@ -133,9 +137,12 @@ class _Names:
 # ---- tables ----------------------------------------------------------------------------------
 
 def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: dict, optimizer: str,
-            seed: int, cluster: Any) -> str:
+            seed: int, cluster: Any, blocks: list[Block] = ()) -> str:
     graph = program.graph
     layouts = program.layouts()
+    # Values and nodes of a block's later calls never appear in the program's text: the block
+    # function is written with its first call's names, so only those are looked up.
+    hidden_values, hidden_nodes = by_block.later_calls(program, blocks)
     loss_layout = layouts[graph.output]
     lines = [
         f"MODEL_FILE = {model_name!r}",
@@ -150,23 +157,24 @@ def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: 
         "",
         "# Where the sources come from (program value -> module attribute). A sharded one",
         "# (listed in SHARDS) starts as this rank's piece of the initial tensor.",
-        _dict("PARAMS: dict[str, str]", {p: graph.values[p].target for p in graph.params}),
-        _dict("BUFFERS: dict[str, str]", {b: graph.values[b].target for b in graph.buffers}),
-        _dict("CONSTANTS: dict[str, str]", {n: v.target for n, v in graph.values.items() if v.kind == "constant"}),
+        render_dict("PARAMS: dict[str, str]", [(p, graph.values[p].target) for p in graph.params]),
+        render_dict("BUFFERS: dict[str, str]", [(b, graph.values[b].target) for b in graph.buffers]),
+        render_dict("CONSTANTS: dict[str, str]", [(n, v.target) for n, v in graph.values.items() if v.kind == "constant"]),
         f"INPUTS: tuple[str, ...] = {tuple(graph.inputs)!r}   # model inputs, in call order",
         "",
         "# Every sharded value: (dim, piece length on rank 0, 1, ...). Rank r holds",
         "# [offset_r, offset_r + length_r) of dim, offsets being running sums of the lengths.",
-        _dict("SHARDS: dict[str, tuple[int, tuple[int, ...]]]", _shards(program, layouts)),
+        render_dict("SHARDS: dict[str, tuple[int, tuple[int, ...]]]",
+                    [kv for kv in _shards(program, layouts).items() if kv[0] not in hidden_values]),
         "",
         "# Local ops: node -> (aten op, values read, values written, global output shapes);",
         "# Rank.ctx turns a row into the RankCtx the op gets on this rank.",
-        _dict("LOCAL_CALLS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]]",
-              _local_calls(program)),
+        render_dict("LOCAL_CALLS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]]",
+                    [kv for kv in _local_calls(program).items() if kv[0] not in hidden_nodes]),
         "",
         "# Replicated trainable parameters, in the order their gradients become ready in",
         "# backward: their gradients are all-reduced in buckets in this order.",
-        _tuple("GRAD_SYNC_ORDER: tuple[str, ...]", _grad_sync_order(program)),
+        render_tuple("GRAD_SYNC_ORDER: tuple[str, ...]", list(_grad_sync_order(program))),
         "",
         "# Ranks per node, in the cluster file's order (a multi-node launch is checked against it).",
         f"NODE_SIZES: tuple[int, ...] = {_node_sizes(program, cluster)!r}",
@@ -258,18 +266,31 @@ def _grad_sync_order(program: DistProgram) -> tuple[str, ...]:
 
 # ---- forward ---------------------------------------------------------------------------------
 
-def _forward(program: DistProgram, names: _Names, cluster: Any) -> str:
+def _forward(program: DistProgram, names: _Names, cluster: Any, blocks: list[Block] = ()) -> str:
     graph = program.graph
-    nodes = {n.name: n for n in graph.nodes}
-    lines = ["def forward(rt: Rank, v: dict[str, torch.Tensor]) -> torch.Tensor:",
-             '    """One training forward on this rank\'s pieces; returns its piece of the loss."""']
     sources = graph.params + graph.buffers + [n for n, x in graph.values.items() if x.kind == "constant"] + \
         graph.inputs
+    if blocks:
+        return by_block.render(program, blocks, names, sources,
+                               lambda steps, ctx=None: _step_lines(program, steps, names, cluster, ctx))
+    lines = ["def forward(rt: Rank, v: dict[str, torch.Tensor]) -> torch.Tensor:",
+             '    """One training forward on this rank\'s pieces; returns its piece of the loss."""']
     lines.append("    # sources: this rank's pieces of parameters, buffers and inputs")
     for name in sources:
         lines.append(f"    {names[name]} = v[{name!r}]")
+    lines += _step_lines(program, program.steps, names, cluster)
+    lines.append(f"    return {names[graph.output]}")
+    return "\n".join(lines) + "\n"
+
+
+def _step_lines(program: DistProgram, steps: list, names: _Names, cluster: Any, ctx: Any = None) -> list[str]:
+    """One line per step, the user's source line above the ops it produced. ``ctx(node)``, when
+    given, is the source that makes a local op's RankCtx (a block function passes the call's name)."""
+    graph = program.graph
+    nodes = {n.name: n for n in graph.nodes}
+    lines: list[str] = []
     last_source = None
-    for step in program.steps:
+    for step in steps:
         if isinstance(step, Redistribute):
             lines += _redistribute(program, step, names, cluster)
             continue
@@ -279,16 +300,15 @@ def _forward(program: DistProgram, names: _Names, cluster: Any) -> str:
             code = f"  {loc.code}" if loc.code else ""
             lines.append(f"    # {os.path.basename(loc.file)}:{loc.line}{code}")
             last_source = (loc.file, loc.line)
-        lines += _compute(program, node, step, names)
+        lines += _compute(program, node, step, names, ctx)
         if node.mutates and node.mutates in graph.values and graph.values[node.mutates].kind == "buffer" \
                 and node.outputs:
             lines.append(f"    rt.write_back({names[node.mutates]}, {names[node.outputs[0]]})"
                          f"   # {node.op} ran in place on a buffer")
-    lines.append(f"    return {names[graph.output]}")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
-def _compute(program: DistProgram, node: Node, step: Compute, names: _Names) -> list[str]:
+def _compute(program: DistProgram, node: Node, step: Compute, names: _Names, ctx: Any = None) -> list[str]:
     strat = step.strategy
     reads = iter(step.inputs)
     args = [_literal(a, reads, names) for a in node.args]
@@ -306,7 +326,8 @@ def _compute(program: DistProgram, node: Node, step: Compute, names: _Names) -> 
         note = f"   # -> {layouts}" if not strat.is_replicated else ""
     else:
         fn = local_ops_module.LOCAL_OPS[strat.local]
-        call = f"L.{strat.local}({', '.join([f'rt.ctx({node.name!r})'] + args + kwargs)})"
+        made = ctx(node.name) if ctx is not None else f"rt.ctx({node.name!r})"
+        call = f"L.{strat.local}({', '.join([made] + args + kwargs)})"
         if inspect.isgeneratorfunction(fn):
             call = f"rt.drive({call})"
         lhs = outs[0] if len(outs) == 1 else ", ".join(outs)
