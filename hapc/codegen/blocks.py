@@ -17,6 +17,7 @@ forms found in different places share one function.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from hapc.ir.layout import Layout, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute
 
 MIN_BLOCK_STEPS = 8       # shorter repeats (q, k, v projections) read better inline
+_LIST_INDEX = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")     # "blocks.3.ln1.weight" -> 3
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,10 @@ def find_blocks(program: DistProgram, *, min_steps: int = MIN_BLOCK_STEPS) -> li
             return
         start, stop, period = found.start + lo, found.stop + lo, found.period
         # The layer starts where fewest values cross the cut (a residual stream, not a residual
-        # stream plus a branch), among the phases that keep the most copies.
-        phase = min(range(period), key=lambda f: (-((stop - start - f) // period), crossing[start + f], f))
+        # stream plus a branch), among the phases that keep the most copies; then where its
+        # parameters belong to fewest modules of a list (blocks.3 alone, not blocks.2 and blocks.3).
+        phase = min(range(period), key=lambda f: (-((stop - start - f) // period), crossing[start + f],
+                                                  _layers_touched(program, nodes, start + f, start + f + period), f))
         first = start + phase
         copies = [(first + k * period, first + (k + 1) * period) for k in range((stop - first) // period)]
         forms = [_canonical(program, nodes, tokens, s, e)[0] for s, e in copies]
@@ -192,6 +196,18 @@ def _canonical(program: DistProgram, nodes: dict[str, Node], tokens: list, start
         for j, value in enumerate(_writes(step, nodes)):
             internal[value] = (offset, j)
     return tuple(form), list(externals), internal
+
+
+def _layers_touched(program: DistProgram, nodes: dict[str, Node], start: int, stop: int) -> int:
+    """How many numbered modules (``blocks.3``) own the parameters steps ``[start, stop)`` read."""
+    values = program.graph.values
+    owners = set()
+    for step in program.steps[start:stop]:
+        for value in _reads(step, nodes):
+            target = values[value].target if value in values and values[value].kind == "param" else None
+            if target:
+                owners.add(tuple(_LIST_INDEX.findall(target)))
+    return len(owners)
 
 
 def _last_reads(program: DistProgram, nodes: dict[str, Node]) -> dict[str, int]:
