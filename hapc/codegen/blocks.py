@@ -130,18 +130,24 @@ def _block(name: str, program: DistProgram, nodes: dict[str, Node], tokens: list
 def _tokens(program: DistProgram, nodes: dict[str, Node]) -> list[tuple]:
     """Per step, everything that must match for two steps to be the same but their names."""
     layouts = program.layouts()
+    known: dict[str, tuple | None] = {}
+
+    def pieces(value: str) -> tuple | None:
+        if value not in known:
+            known[value] = _pieces(program, value, layouts)
+        return known[value]
+
     out: list[tuple] = []
     for step in program.steps:
         if isinstance(step, Redistribute):
             out.append(("move", step.src_layout, step.dst_layout, step.method, _meta(program, step.src),
-                        _pieces(program, step.src, layouts), _pieces(program, step.out, layouts)))
+                        pieces(step.src), pieces(step.out)))
             continue
         node = nodes[step.node]
         src = node.source
         out.append(("op", node.op, _shape_of_args(node.args), _shape_of_args(tuple(node.kwargs.items())),
                     tuple(_meta(program, o) for o in node.outputs), step.strategy,
-                    tuple(_pieces(program, v, layouts) for v in step.inputs),
-                    tuple(_pieces(program, o, layouts) for o in node.outputs),
+                    tuple(pieces(v) for v in step.inputs), tuple(pieces(o) for o in node.outputs),
                     node.mutates is not None, (src.file, src.line, src.code) if src is not None else None))
     return out
 

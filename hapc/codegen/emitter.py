@@ -31,7 +31,7 @@ import torch
 from costmodel.simulator import factor_synced_params
 from hapc.codegen import by_block
 from hapc.codegen.blocks import Block, find_blocks
-from hapc.codegen.indexed import render_dict, render_tuple
+from hapc.codegen.indexed import literal, render_dict, render_tuple
 from hapc.ir.graph import Node, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute, empty_ranks
@@ -143,6 +143,7 @@ def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: 
     # Values and nodes of a block's later calls never appear in the program's text: the block
     # function is written with its first call's names, so only those are looked up.
     hidden_values, hidden_nodes = by_block.later_calls(program, blocks)
+    order = _value_order(program)
     loss_layout = layouts[graph.output]
     lines = [
         f"MODEL_FILE = {model_name!r}",
@@ -150,7 +151,7 @@ def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: 
         f"SEED = {seed!r}",
         f"OPTIMIZER = {optimizer!r}             # unless the model file defines optimizer(params)",
         f"WORLD = {program.world}",
-        f"SHARES: tuple[float, ...] = {tuple(round(s, 6) for s in program.shares)!r}   # each rank's share",
+        f"SHARES: tuple[float, ...] = {literal(tuple(round(s, 6) for s in program.shares))}   # each rank's share",
         f"HIERARCHICAL = {_uses_hierarchical(program, cluster)}",
         f"LOSS, LOSS_PARTIAL = {graph.output!r}, {isinstance(loss_layout, Partial)}",
         f"# The loss is {_describe(loss_layout)}.",
@@ -165,7 +166,8 @@ def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: 
         "# Every sharded value: (dim, piece length on rank 0, 1, ...). Rank r holds",
         "# [offset_r, offset_r + length_r) of dim, offsets being running sums of the lengths.",
         render_dict("SHARDS: dict[str, tuple[int, tuple[int, ...]]]",
-                    [kv for kv in _shards(program, layouts).items() if kv[0] not in hidden_values]),
+                    sorted([kv for kv in _shards(program, layouts).items() if kv[0] not in hidden_values],
+                           key=lambda kv: order.get(kv[0], -1))),
         "",
         "# Local ops: node -> (aten op, values read, values written, global output shapes);",
         "# Rank.ctx turns a row into the RankCtx the op gets on this rank.",
@@ -177,9 +179,20 @@ def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: 
         render_tuple("GRAD_SYNC_ORDER: tuple[str, ...]", list(_grad_sync_order(program))),
         "",
         "# Ranks per node, in the cluster file's order (a multi-node launch is checked against it).",
-        f"NODE_SIZES: tuple[int, ...] = {_node_sizes(program, cluster)!r}",
+        f"NODE_SIZES: tuple[int, ...] = {literal(_node_sizes(program, cluster))}",
     ]
     return "\n".join(lines)
+
+
+def _value_order(program: DistProgram) -> dict[str, int]:
+    """Sources in graph order, then values in the order steps make them: a table in this order
+    reads as the program runs, whatever order a loaded plan's dicts came in."""
+    graph = program.graph
+    order = graph.params + graph.buffers + [n for n, x in graph.values.items() if x.kind == "constant"] + graph.inputs
+    nodes = {n.name: n for n in graph.nodes}
+    for step in program.steps:
+        order += [step.out] if isinstance(step, Redistribute) else list(nodes[step.node].outputs)
+    return {name: i for i, name in enumerate(dict.fromkeys(order))}
 
 
 def _node_sizes(program: DistProgram, cluster: Any) -> tuple[int, ...]:
@@ -461,11 +474,35 @@ def _uses_hierarchical(program: DistProgram, cluster: Any) -> bool:
 
 # ---- docstring -------------------------------------------------------------------------------
 
+_RANK_ROW = re.compile(r"^(\s*)(\d+)(\s+)(\d+)(\s.*)$")     # "  12    1 A100-80GB  0.004 ..."
+
+
+def _same_ranks_once(lines: list[str]) -> list[str]:
+    """The summary's per-rank rows, consecutive ranks that read the same after their rank and
+    node numbers written once with the range they cover (256 devices, two kinds: two rows)."""
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        row = _RANK_ROW.match(lines[i])
+        j = i
+        while row and j + 1 < len(lines) and (nxt := _RANK_ROW.match(lines[j + 1])) and nxt.group(5) == row.group(5):
+            j += 1
+        out.append(lines[i])
+        if j - i >= 2:
+            last = _RANK_ROW.match(lines[j])
+            out.append(f"{row.group(1)}... ranks {row.group(2)}-{last.group(2)} (nodes {row.group(4)}-"
+                       f"{last.group(4)}) alike")
+        elif j > i:
+            out.append(lines[j])
+        i = j + 1
+    return out
+
+
 def _docstring(program: DistProgram, model_name: str, plan_summary: str) -> str:
     n = program.world
     shares = " / ".join(f"{s:.3f}" for s in program.shares)
     collectives = sum(1 for s in program.steps if isinstance(s, Redistribute))
-    summary = "\n".join(plan_summary.strip().splitlines()) if plan_summary.strip() else \
+    summary = "\n".join(_same_ranks_once(plan_summary.strip().splitlines())) if plan_summary.strip() else \
         f"{len(program.steps)} steps ({collectives} redistributions), shares {shares}"
     summary = summary.replace('"""', "'''").replace("\\", "\\\\")
     return f'''"""Distributed training of {model_name} on {n} ranks: an SPMD program generated by hapc.
@@ -480,7 +517,8 @@ Run (N = {n}; the rank's device comes from torchrun's LOCAL_RANK):
 
 Files beside this one: {model_name} (the model file), hapc_local_ops.py, hapc_collectives.py,
 hapc_checkpoint.py and hapc_timings.py (the runtime). Only torch is needed. The plan is data (the tables below); ``forward`` is one
-line per step of the plan, with the user's source line above the ops it produced.
+line per step of the plan, with the user's source line above the ops it produced; a block of steps
+repeated layer after layer is one function (``block_<k>``) that ``forward`` calls once per layer.
 
 Use it in your own loop (inside an initialised process group, every rank):
 

@@ -19,6 +19,7 @@ from hapc.codegen.repeats import longest_repeat
 
 MIN_COPIES = 3            # two copies of a group read better written out
 WIDTH = 110               # wrap rows of many cells at about this many characters
+RUN_MIN_LENGTH = 12       # per-rank tuples at least this long are written as runs
 DIGITS = re.compile(r"\d+")
 HOLE = "\u27e6{}\u27e7"   # stands for an index expression inside a template while it is quoted
 
@@ -98,7 +99,7 @@ def _template(groups: list[list[Row]]) -> Ranged | None:
         cells = []
         for c, cell in enumerate(row):
             if not isinstance(cell, str):
-                cells.append(repr(cell))
+                cells.append(literal(cell))
                 continue
             cells.append(_format(cell, {r: e for (jj, cc, r), e in exprs.items() if (jj, cc) == (j, c)}))
         rows.append(tuple(cells))
@@ -141,6 +142,24 @@ def _format(cell: str, holes: dict[int, str]) -> str:
 
 # ---- rendering --------------------------------------------------------------------------------
 
+def literal(value: Any) -> str:
+    """``repr(value)``, but a long tuple of per-rank numbers as runs: ``(25,) * 128 + (20,) * 128``
+    (256 ranks of two device kinds read as two numbers, not 256)."""
+    if isinstance(value, tuple):
+        if len(value) >= RUN_MIN_LENGTH and all(isinstance(x, (int, float)) for x in value):
+            runs: list[list[Any]] = []
+            for x in value:
+                if runs and runs[-1][0] == x and type(runs[-1][0]) is type(x):
+                    runs[-1][1] += 1
+                else:
+                    runs.append([x, 1])
+            if len(runs) * 3 <= len(value):
+                return " + ".join(f"({x!r},)" + (f" * {n}" if n > 1 else "") for x, n in runs)
+        inner = ", ".join(literal(x) for x in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    return repr(value)
+
+
 def render_dict(header: str, pairs: list[tuple[Any, Any]]) -> str:
     """``header = {...}``: ``pairs`` as key: value lines, repeated groups as ``**{...}``."""
     lines = []
@@ -154,7 +173,7 @@ def render_dict(header: str, pairs: list[tuple[Any, Any]]) -> str:
                 lines += [f"        ({key}, {value})," for key, value in item.rows]
                 lines.append("    )},")
         else:
-            lines.append(f"    {item[0]!r}: {item[1]!r},")
+            lines.append(f"    {literal(item[0])}: {literal(item[1])},")
     source = _braced(header, "{", lines, "}")
     return source if _evaluates_to(source, dict(pairs)) else _plain_dict(header, pairs)
 
@@ -228,7 +247,7 @@ def _evaluates_to(source: str, want: Any) -> bool:
 
 
 def _plain_dict(header: str, pairs: list[tuple[Any, Any]]) -> str:
-    return _braced(header, "{", [f"    {k!r}: {v!r}," for k, v in pairs], "}")
+    return _braced(header, "{", [f"    {literal(k)}: {literal(v)}," for k, v in pairs], "}")
 
 
 def _plain_tuple(header: str, values: list[Any]) -> str:
