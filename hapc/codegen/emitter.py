@@ -47,7 +47,8 @@ END = "# ==== generated: tables and forward (end) ===="
 OPTIMIZERS = ("adamw", "adam", "sgd")
 # Names the generated forward uses for itself; values never take them.
 HIER = collectives_module.HIERARCHICAL
-RESERVED = {"rt", "v", "aten", "torch", "math", "L", "C", "M", "forward"}
+RESERVED = {"rt", "v", "aten", "torch", "math", "L", "C", "M", "forward", "nodes", "params", "Any"}
+BLOCK_FUNCTION = re.compile(r"block_\d+")     # names of the block functions (hapc.codegen.by_block)
 
 
 def emit(program: DistProgram, model_file: str, out_dir: str, *, model_kwargs: dict | None = None,
@@ -124,7 +125,7 @@ class _Names:
             if base[0].isdigit() or keyword.iskeyword(base):
                 base = f"v_{base}"
             ident, i = base, 1
-            while ident in taken:
+            while ident in taken or BLOCK_FUNCTION.fullmatch(ident):
                 i += 1
                 ident = f"{base}_{i}"
             taken.add(ident)
