@@ -131,6 +131,19 @@ def test_per_layer_rows_become_one_comprehension():
     assert "for i in range(48)" in render_tuple("T", [r[0] for r in rows])
 
 
+def test_per_rank_tables_and_summary_rows_read_as_runs():
+    from hapc.codegen.emitter import _same_ranks_once
+    from hapc.codegen.indexed import literal
+
+    shares = (0.004328,) * 128 + (0.003485,) * 128
+    assert literal(shares) == "(0.004328,) * 128 + (0.003485,) * 128" and eval(literal(shares)) == shares
+    assert literal((0, (2, 1, 1, 1))) == "(0, (2, 1, 1, 1))"          # short: as it is
+    assert eval(literal((1, tuple(range(20))))) == (1, tuple(range(20)))
+    rows = ["rank node device"] + [f"{r:4d} {r // 8:4d} A100  0.004  18.5" for r in range(16)] + \
+        [f"{r:4d} {r // 8:4d} V100  0.003  18.6" for r in range(16, 18)]
+    assert _same_ranks_once(rows) == [rows[0], rows[1], "   ... ranks 0-15 (nodes 0-1) alike", rows[17], rows[18]]
+
+
 # ---- the emitted program ----------------------------------------------------------------------
 
 def test_emitted_gpt_defines_the_layer_once_and_calls_it_in_a_loop():

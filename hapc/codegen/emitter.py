@@ -491,8 +491,9 @@ def _same_ranks_once(lines: list[str]) -> list[str]:
         out.append(lines[i])
         if j - i >= 2:
             last = _RANK_ROW.match(lines[j])
-            out.append(f"{row.group(1)}... ranks {row.group(2)}-{last.group(2)} (nodes {row.group(4)}-"
-                       f"{last.group(4)}) alike")
+            nodes = f"node {row.group(4)}" if row.group(4) == last.group(4) else \
+                f"nodes {row.group(4)}-{last.group(4)}"
+            out.append(f"{row.group(1)}... ranks {row.group(2)}-{last.group(2)} ({nodes}) alike")
         elif j > i:
             out.append(lines[j])
         i = j + 1
