@@ -8,7 +8,11 @@ the plan pasted in as data and one function:
   module attribute behind each parameter, the RankCtx shape of each local op — so the rank
   is data and every rank runs the same code;
 * ``forward(rt, v)``: one line per program step with named values, the user's source line
-  above the ops it produced, and the layout change and collective of each redistribution.
+  above the ops it produced, and the layout change and collective of each redistribution;
+* a function per repeated block of steps (a transformer layer), written once and called per
+  layer (:mod:`hapc.codegen.blocks` finds them, :mod:`hapc.codegen.by_block` writes them), and
+  per-layer table rows written as loops (:mod:`hapc.codegen.indexed`), so the program grows
+  with the distinct blocks of the model, not its depth.
 
 Beside it go a copy of the model file and copies of :mod:`hapc.runtime.local_ops` and
 :mod:`hapc.runtime.collectives`, so the directory runs anywhere torch does.
