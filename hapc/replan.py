@@ -22,6 +22,7 @@ Whichever simulates fastest and fits wins; a tie keeps the old program.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from hapc.errors import UserError
 from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
 from hapc.plan import Plan
+from synth import lp_highspy
 from synth.costs import Prices
 from synth.loads import share_problem
 from synth.ratios import MemoryInfeasible, solve_shares
@@ -74,13 +76,15 @@ def carry_shares(old: Sequence[float], survivors: Sequence[int] | None, cluster:
 
 
 def rebalance(program: DistProgram, shares: Sequence[float], cluster: Cluster,
-              optimizer: str) -> tuple[DistProgram, SimResult]:
+              optimizer: str, start_sim: SimResult | None = None) -> tuple[DistProgram, SimResult]:
     """``program`` at the shares the LP finds best for it on ``cluster`` (or at ``shares``
-    when those simulate faster), and its simulation. Raises MemoryInfeasible when it cannot
+    when those simulate faster), and its simulation. ``start_sim`` is ``program``'s
+    simulation at ``shares`` when the caller has it. Raises MemoryInfeasible when it cannot
     fit at any shares."""
     start = DistProgram(program.graph, tuple(shares), dict(program.source_layouts), list(program.steps))
-    start_sim = simulate(start, cluster, optimizer=optimizer)
-    solution = solve_shares(share_problem(start, start_sim, cluster, optimizer))
+    if start_sim is None:
+        start_sim = simulate(start, cluster, optimizer=optimizer)
+    solution = solve_shares(share_problem(start, start_sim, cluster, optimizer), _lp_backend())
     solved = tuple(float(x) for x in np.asarray(solution.shares).reshape(-1)[:cluster.world])
     moved = DistProgram(program.graph, solved, dict(program.source_layouts), list(program.steps))
     sim = simulate(moved, cluster, optimizer=optimizer)
@@ -89,6 +93,13 @@ def rebalance(program: DistProgram, shares: Sequence[float], cluster: Cluster,
     if not sim.memory.all_fit:
         raise MemoryInfeasible("the program does not fit on the new cluster", {})
     return moved, sim
+
+
+@functools.cache
+def _lp_backend() -> str:
+    """HiGHS without importing scipy.optimize when highspy is there: that import alone is a
+    third of replan's second (the shares are the same; see synth.lp_highspy)."""
+    return "highspy" if lp_highspy.available() else "highs"
 
 
 def _total_flops(cluster: Cluster) -> float:
@@ -104,12 +115,12 @@ def _faster(a: SimResult, b: SimResult) -> bool:
 
 def searched(graph: Graph, shares: Sequence[float], cluster: Cluster, optimizer: str,
              overlap: float) -> tuple[DistProgram, SimResult, SearchResult]:
-    """One A* search on the new cluster at ``shares`` (segments of repeated layers solved once),
-    its program re-balanced by the LP: one round of what ``hapc compile`` repeats."""
+    """One A* search on the new cluster at ``shares`` (segments of repeated layers solved once)
+    and its program simulated there, not yet re-balanced."""
     space = SearchSpace.build(graph, Prices(graph, cluster, tuple(shares), grad_sync_overlap=overlap))
     result = search(space)
-    program, sim = rebalance(to_program(space, result, tuple(shares)), shares, cluster, optimizer)
-    return program, sim, result
+    program = to_program(space, result, tuple(shares))
+    return program, simulate(program, cluster, optimizer=optimizer), result
 
 
 def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = None, effort: str = "auto",
@@ -145,14 +156,25 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
             f"({carried_cost * 1e3:.3f} ms/iter against {expected * 1e3:.3f} expected): "
             + ("searching" if effort == "search" else "no search"))
     if effort == "search":
+        # As one round of hapc compile: search under each overlap assumption at the same
+        # shares, simulate each, and re-balance the fastest with the LP.
         at = candidates["kept"][0].shares if "kept" in candidates else shares
+        best: tuple[DistProgram, SimResult] | None = None
         for overlap in SEARCH_OVERLAPS:
             program, sim, result = searched(graph, at, cluster, optimizer, overlap)
             say(f"search on the new cluster (overlap {overlap:g}): {sim.iteration_seconds * 1e3:.3f} ms/iter")
-            if "searched" not in candidates or _faster(sim, candidates["searched"][1]):
-                candidates["searched"] = (program, sim)
+            if best is None or _faster(sim, best[1]):
+                best = (program, sim)
                 info = {"exact": result.exact, "gap": result.gap, "segments": result.segments,
                         "distinct_segments": result.distinct_segments, "states_expanded": result.states_expanded}
+        assert best is not None
+        candidates["searched"] = best
+        try:
+            program, sim = rebalance(best[0], at, cluster, optimizer, best[1])
+            candidates["searched"] = (program, sim)
+            say(f"the new program re-balanced: {sim.iteration_seconds * 1e3:.3f} ms/iter")
+        except MemoryInfeasible:
+            pass                         # kept at the search's shares, where fitting is checked below
     elif effort == "full":
         from synth.synthesize import synthesize_program
 
