@@ -21,9 +21,10 @@ works from ``plan.json`` alone (it holds the graph: nothing is traced) and, by e
 **Time.** ``hapc replan`` has a second. The search gets each node's strategies from the
 cache the compile wrote beside plan.json (:mod:`synth.reuse`: the sharding rules would import
 torch), the LP runs on ``highspy`` (:mod:`synth.lp_highspy`: not scipy.optimize), and only
-the leading candidate is re-balanced: a search replan simulates the 1066-node program of a
-48-layer GPT four times (the old program, two searched ones, the re-balanced winner) besides
-the one :meth:`Plan.load` makes, and those simulations are most of what is left.
+the leading candidate is re-balanced, and the second overlap's search runs beside the first
+in a forked child when a core is spare (:mod:`hapc.forked`). A search replan simulates the
+1066-node program of a 48-layer GPT four times (the old program, two searched ones, the
+re-balanced winner) besides the one :meth:`Plan.load` makes: most of what is left.
 
 Whichever simulates fastest and fits wins; a tie keeps the old program.
 """
@@ -40,6 +41,7 @@ import numpy as np
 from costmodel.cluster import Cluster
 from costmodel.simulator import SimResult, simulate
 from hapc.errors import UserError
+from hapc.forked import Beside
 from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
 from hapc.plan import Plan
@@ -141,6 +143,23 @@ def searched(graph: Graph, shares: Sequence[float], cluster: Cluster, optimizer:
     return program, simulate(program, cluster, optimizer=optimizer), result
 
 
+def _search_round(graph: Graph, shares: Sequence[float], cluster: Cluster,
+                  optimizer: str) -> list[tuple[DistProgram, SimResult, dict[str, object]]]:
+    """:func:`searched` under each of ``SEARCH_OVERLAPS``, in that order: the first here, the
+    others in forked children when there is a spare core (see hapc.forked). What crosses the
+    pipe is a program's steps, its simulation and the search's figures, not the graph."""
+    def job(overlap: float) -> tuple[list, dict, SimResult, dict[str, object]]:
+        program, sim, result = searched(graph, shares, cluster, optimizer, overlap)
+        info = {"exact": result.exact, "gap": result.gap, "segments": result.segments,
+                "distinct_segments": result.distinct_segments, "states_expanded": result.states_expanded}
+        return program.steps, program.source_layouts, sim, info
+
+    beside = [Beside(functools.partial(job, overlap)) for overlap in SEARCH_OVERLAPS[1:]]
+    outcomes = [job(SEARCH_OVERLAPS[0])] + [b.result() for b in beside]
+    return [(DistProgram(graph, tuple(shares), dict(layouts), list(steps)), sim, info)
+            for steps, layouts, sim, info in outcomes]
+
+
 def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = None, effort: str = "auto",
            progress: Progress | None = None) -> Replanned:
     """The best plan for ``cluster`` among the old plan's program and, by ``effort``:
@@ -176,13 +195,10 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
         # As one round of hapc compile: search under each overlap assumption at the same shares
         # (the strategies come from synth.reuse's cache when the CLI found one) and simulate each.
         best: tuple[DistProgram, SimResult] | None = None
-        for overlap in SEARCH_OVERLAPS:
-            program, sim, result = searched(graph, shares, cluster, optimizer, overlap)
+        for overlap, (program, sim, found) in zip(SEARCH_OVERLAPS, _search_round(graph, shares, cluster, optimizer)):
             say(f"search on the new cluster (overlap {overlap:g}): {sim.iteration_seconds * 1e3:.3f} ms/iter")
             if best is None or _faster(sim, best[1]):
-                best = (program, sim)
-                info = {"exact": result.exact, "gap": result.gap, "segments": result.segments,
-                        "distinct_segments": result.distinct_segments, "states_expanded": result.states_expanded}
+                best, info = (program, sim), found
         assert best is not None
         candidates["searched"] = best
     if effort in ("quick", "search"):

@@ -141,3 +141,27 @@ def test_replan_after_a_drop_is_as_fast_as_a_fresh_synthesis(compiled):
 
 
 REPLAN_GAP = 0.02
+
+
+# ---- the second search in a forked child (hapc.forked) -------------------------------------------
+
+def test_a_job_beside_runs_in_a_child_and_returns_its_value():
+    from hapc.forked import Beside, spare_core
+
+    if not spare_core():
+        pytest.skip("one core (or HAPC_SERIAL): jobs run in this process")
+    parent = os.getpid()
+    got = Beside(lambda: (os.getpid(), [1.5, {"x": (2, 3)}])).result()
+    assert got[0] != parent and got[1] == [1.5, {"x": (2, 3)}]
+
+
+def test_a_job_beside_runs_here_when_serial_and_its_errors_surface_here(monkeypatch):
+    from hapc.forked import Beside
+
+    def fails():
+        raise ValueError(f"raised in {os.getpid()}")
+
+    with pytest.raises(ValueError, match=f"raised in {os.getpid()}"):     # run again here, the error seen here
+        Beside(fails).result()
+    monkeypatch.setenv("HAPC_SERIAL", "1")
+    assert Beside(os.getpid).result() == os.getpid()
