@@ -28,8 +28,9 @@ from bench.common import HAP8, ROOT, model_path, save_section, say
 
 def _hapc(args: list[str]) -> tuple[float, float, str]:
     """(wall seconds, CPU seconds, stdout) of one ``hapc`` command in a fresh process. The CPU
-    time (user + system) of this single-threaded command is close to the wall time it would
-    take on an idle machine: the figure to read on a loaded one."""
+    time (user + system, a forked search child's included) is what the command costs on a
+    loaded machine, where the wall time mostly measures the others' load; on an idle
+    machine with a spare core the wall time of ``hapc replan`` is below its CPU time."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "hapc.cli", *args], cwd=ROOT, capture_output=True, text=True,
