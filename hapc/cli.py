@@ -292,8 +292,8 @@ def _cmd_replan(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     done.plan.save(out / "plan.json")
     _carry_replan_cache(cache, done, out)
-    write_report(done.plan, out, chart=args.chart)
-    wrote = ["plan.json", "report.md"] + (["report.png"] if args.chart else [])
+    write_report(done.plan, out)
+    wrote = ["plan.json", "report.md"]
     if not args.no_emit:
         done.plan.emit(out)
         wrote.append("program.py")
@@ -529,8 +529,6 @@ def build_parser() -> argparse.ArgumentParser:
     effort.add_argument("--full", action="store_true",
                         help="search as hapc compile does (every round, the baselines), on the stored graph")
     rep.add_argument("--no-emit", action="store_true", help="write the plan and report only")
-    rep.add_argument("--chart", action="store_true",
-                     help="draw report.png too (matplotlib: slower; hapc compile always draws it)")
     rep.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     rep.set_defaults(func=_cmd_replan)
 

@@ -52,13 +52,10 @@ def _measured_line(plan: Plan) -> str:
             f"({table.device_name}, torch {table.torch_version}), the rest by the roofline")
 
 
-def write_report(plan: Plan, out_dir: str | Path, *, chart: bool = True) -> Path:
-    """``report.md`` with the summary, the layout of every collective, and ``report.png``
-    (unless ``chart`` is false: drawing it imports matplotlib, most of a fast replan's second)."""
+def write_report(plan: Plan, out_dir: str | Path) -> Path:
+    """``report.md`` with the summary, the layout of every collective, and ``report.png``."""
     out = Path(out_dir)
-    if not chart:
-        (out / "report.png").unlink(missing_ok=True)    # never another plan's chart
-    chart = chart and _chart(plan, out / "report.png")
+    chart = _chart(plan, out / "report.png")
     lines = ["# hapc plan report", "", "```", summary_text(plan), "```", ""]
     if chart:
         lines += ["![per-device time and memory](report.png)", ""]
