@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -53,6 +54,14 @@ class Beside(Generic[T]):
             os._exit(0)                                 # no atexit handlers, no flushing the parent's buffers
         os.close(write)
         self._pid, self._read = pid, read
+
+    def cancel(self) -> None:
+        """Stop the child (its result is not wanted) and reap it."""
+        if self._pid:
+            os.kill(self._pid, signal.SIGKILL)
+            os.close(self._read)
+            os.waitpid(self._pid, 0)
+            self._pid = 0
 
     def result(self) -> T:
         if self._pid:

@@ -21,8 +21,9 @@ works from ``plan.json`` alone (it holds the graph: nothing is traced) and, by e
 **Time.** ``hapc replan`` has a second. The search gets each node's strategies from the
 cache the compile wrote beside plan.json (:mod:`synth.reuse`: the sharding rules would import
 torch), the LP runs on ``highspy`` (:mod:`synth.lp_highspy`: not scipy.optimize), and only
-the leading candidate is re-balanced, and the second overlap's search runs beside the first
-in a forked child when a core is spare (:mod:`hapc.forked`). A search replan simulates the
+the leading candidate is re-balanced, and the second overlap's search runs in a forked child
+when a core is spare (:mod:`hapc.forked`), beside the old program's simulation and the first
+search. A search replan simulates the
 1066-node program of a 48-layer GPT four times (the old program, two searched ones, the
 re-balanced winner) besides the one :meth:`Plan.load` makes: most of what is left.
 
@@ -143,21 +144,35 @@ def searched(graph: Graph, shares: Sequence[float], cluster: Cluster, optimizer:
     return program, simulate(program, cluster, optimizer=optimizer), result
 
 
-def _search_round(graph: Graph, shares: Sequence[float], cluster: Cluster,
-                  optimizer: str) -> list[tuple[DistProgram, SimResult, dict[str, object]]]:
-    """:func:`searched` under each of ``SEARCH_OVERLAPS``, in that order: the first here, the
-    others in forked children when there is a spare core (see hapc.forked). What crosses the
-    pipe is a program's steps, its simulation and the search's figures, not the graph."""
-    def job(overlap: float) -> tuple[list, dict, SimResult, dict[str, object]]:
-        program, sim, result = searched(graph, shares, cluster, optimizer, overlap)
+class _SearchRound:
+    """:func:`searched` under each of ``SEARCH_OVERLAPS`` at the same shares. The overlaps after
+    the first start at once in forked children when there is a spare core (see hapc.forked),
+    before the caller knows whether it will want them: ``auto`` decides from a simulation of
+    the old program, which then runs beside them instead of before; :meth:`cancel` stops them
+    when the answer is no. What crosses the pipe is a program's steps, its simulation and the
+    search's figures, not the graph."""
+
+    def __init__(self, graph: Graph, shares: Sequence[float], cluster: Cluster, optimizer: str) -> None:
+        self._args = (graph, tuple(shares), cluster, optimizer)
+        self._beside = [Beside(functools.partial(self._job, overlap)) for overlap in SEARCH_OVERLAPS[1:]]
+
+    def _job(self, overlap: float) -> tuple[list, dict, SimResult, dict[str, object]]:
+        program, sim, result = searched(*self._args, overlap)
         info = {"exact": result.exact, "gap": result.gap, "segments": result.segments,
                 "distinct_segments": result.distinct_segments, "states_expanded": result.states_expanded}
         return program.steps, program.source_layouts, sim, info
 
-    beside = [Beside(functools.partial(job, overlap)) for overlap in SEARCH_OVERLAPS[1:]]
-    outcomes = [job(SEARCH_OVERLAPS[0])] + [b.result() for b in beside]
-    return [(DistProgram(graph, tuple(shares), dict(layouts), list(steps)), sim, info)
-            for steps, layouts, sim, info in outcomes]
+    def results(self) -> list[tuple[DistProgram, SimResult, dict[str, object]]]:
+        """One (program, simulation, search figures) per overlap, in ``SEARCH_OVERLAPS`` order:
+        the first searched here, the others collected from their children."""
+        outcomes = [self._job(SEARCH_OVERLAPS[0])] + [b.result() for b in self._beside]
+        graph, shares = self._args[0], self._args[1]
+        return [(DistProgram(graph, shares, dict(layouts), list(steps)), sim, info)
+                for steps, layouts, sim, info in outcomes]
+
+    def cancel(self) -> None:
+        for b in self._beside:
+            b.cancel()
 
 
 def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = None, effort: str = "auto",
@@ -177,8 +192,14 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
     # The old program at the carried shares: one simulation decides whether to search, and is a
     # candidate of its own; only the fastest candidate pays for the LP (a share problem and a
     # second simulation), as in a round of hapc compile. Simulations are most of a replan's time.
+    round_ = _SearchRound(graph, shares, cluster, optimizer) if effort in ("auto", "search") else None
     kept = DistProgram(graph, shares, dict(old.program.source_layouts), list(old.program.steps))
-    kept_sim = simulate(kept, cluster, optimizer=optimizer)
+    try:
+        kept_sim = simulate(kept, cluster, optimizer=optimizer)
+    except BaseException:
+        if round_ is not None:
+            round_.cancel()
+        raise
     carried_cost = kept_sim.iteration_seconds if kept_sim.memory.all_fit else float("inf")
     say(f"the old program at the carried shares: {kept_sim.iteration_seconds * 1e3:.3f} ms/iter"
         + ("" if kept_sim.memory.all_fit else " (does not fit)") + ", shares " + "/".join(f"{x:.3f}" for x in shares))
@@ -191,11 +212,14 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
         say(f"the old program {'lost more' if effort == 'search' else 'lost no more'} than the devices did "
             f"({carried_cost * 1e3:.3f} ms/iter against {expected * 1e3:.3f} expected): "
             + ("searching" if effort == "search" else "no search"))
+    if round_ is not None and effort != "search":
+        round_.cancel()
     if effort == "search":
         # As one round of hapc compile: search under each overlap assumption at the same shares
         # (the strategies come from synth.reuse's cache when the CLI found one) and simulate each.
+        assert round_ is not None
         best: tuple[DistProgram, SimResult] | None = None
-        for overlap, (program, sim, found) in zip(SEARCH_OVERLAPS, _search_round(graph, shares, cluster, optimizer)):
+        for overlap, (program, sim, found) in zip(SEARCH_OVERLAPS, round_.results()):
             say(f"search on the new cluster (overlap {overlap:g}): {sim.iteration_seconds * 1e3:.3f} ms/iter")
             if best is None or _faster(sim, best[1]):
                 best, info = (program, sim), found

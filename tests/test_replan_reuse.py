@@ -165,3 +165,19 @@ def test_a_job_beside_runs_here_when_serial_and_its_errors_surface_here(monkeypa
         Beside(fails).result()
     monkeypatch.setenv("HAPC_SERIAL", "1")
     assert Beside(os.getpid).result() == os.getpid()
+
+
+def test_a_job_beside_that_is_not_wanted_is_stopped_and_reaped():
+    import time
+
+    from hapc.forked import Beside, spare_core
+
+    if not spare_core():
+        pytest.skip("one core (or HAPC_SERIAL): nothing runs until asked")
+    job = Beside(lambda: time.sleep(60))
+    pid = job._pid
+    started = time.perf_counter()
+    job.cancel()
+    assert time.perf_counter() - started < 10
+    with pytest.raises(ChildProcessError):        # reaped: no zombie left behind
+        os.waitpid(pid, 0)
