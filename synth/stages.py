@@ -80,7 +80,7 @@ MAX_CUTS = 48            # cut candidates kept for the DP (evenly by work when t
 MAX_STAGES = 16          # most stages a plan may have
 CUT_BODY = (0.05, 0.95)  # share of the work where the least live bytes between nodes is looked for
 CAP_BATCH = 8            # step caps solved together by one (vectorised) DP run
-DP_RUN_LIMIT = 400       # DP runs per planning; what is left unexplored then counts in the gap
+DP_RUN_LIMIT = 400       # DP runs per pass of the search; what is left unexplored then counts in the gap
 EXACT_TOLERANCE = 1e-9   # relative gap under which a plan is reported exact
 FRONT_WIDTHS = (12, 48)  # (W, V) front sizes tried by the exact DP before it gives up on a cap
 FRONT_RUN_LIMIT = 40     # exact front DPs per planning; past it, caps keep their W + e0 bound (a gap)
@@ -165,6 +165,7 @@ class _Search:
         self.lower_bounds: list[float] = []     # bounds of the cap intervals solved (or left unexplored)
         self.priced = 0
         self.dp_runs = 0
+        self.pass_runs = 0                      # DP runs in the current pass (each pass has the limit)
         self.pareto_runs = 0
 
     def open(self, lower_bound: float) -> bool:
@@ -381,6 +382,7 @@ class StagePlanner:
         for prob in problems:
             self._branch_and_bound(prob, search, fronts=False)
         search.lower_bounds.clear()
+        search.pass_runs = 0
         for prob in problems:
             self._branch_and_bound(prob, search, fronts=True)
         best = search.best
@@ -457,7 +459,7 @@ class StagePlanner:
             pending = [iv for iv in pending if search.open(iv[0])]
             if not pending:
                 break
-            if search.dp_runs >= DP_RUN_LIMIT:
+            if search.pass_runs >= DP_RUN_LIMIT:
                 search.lower_bounds.extend(iv[0] for iv in pending)      # unexplored: counted in the gap
                 break
             pending.sort()
@@ -465,6 +467,7 @@ class StagePlanner:
             caps = steps[[hi for _, _, hi in batch]]
             value, pick_arc, pick_cut = self._dp(prob, caps)
             search.dp_runs += 1
+            search.pass_runs += 1
             for b, (_, first, hi) in enumerate(batch):
                 totals = [value[k, b, 0, 0] for k in prob.ks]
                 least = float(min(totals))
