@@ -78,8 +78,9 @@ from hapc.ir.program import DistProgram
 
 MAX_CUTS = 48            # cut candidates kept for the DP (evenly by work when there are more)
 MAX_STAGES = 16          # most stages a plan may have
+CUT_BODY = (0.05, 0.95)  # share of the work where the least live bytes between nodes is looked for
 CAP_BATCH = 8            # step caps solved together by one (vectorised) DP run
-DP_RUN_LIMIT = 400       # DP runs per planning; what is left unexplored then counts in the gap
+DP_RUN_LIMIT = 400       # DP runs per pass of the search; what is left unexplored then counts in the gap
 EXACT_TOLERANCE = 1e-9   # relative gap under which a plan is reported exact
 FRONT_WIDTHS = (12, 48)  # (W, V) front sizes tried by the exact DP before it gives up on a cap
 FRONT_RUN_LIMIT = 40     # exact front DPs per planning; past it, caps keep their W + e0 bound (a gap)
@@ -164,6 +165,7 @@ class _Search:
         self.lower_bounds: list[float] = []     # bounds of the cap intervals solved (or left unexplored)
         self.priced = 0
         self.dp_runs = 0
+        self.pass_runs = 0                      # DP runs in the current pass (each pass has the limit)
         self.pareto_runs = 0
 
     def open(self, lower_bound: float) -> bool:
@@ -380,6 +382,7 @@ class StagePlanner:
         for prob in problems:
             self._branch_and_bound(prob, search, fronts=False)
         search.lower_bounds.clear()
+        search.pass_runs = 0
         for prob in problems:
             self._branch_and_bound(prob, search, fronts=True)
         best = search.best
@@ -456,7 +459,7 @@ class StagePlanner:
             pending = [iv for iv in pending if search.open(iv[0])]
             if not pending:
                 break
-            if search.dp_runs >= DP_RUN_LIMIT:
+            if search.pass_runs >= DP_RUN_LIMIT:
                 search.lower_bounds.extend(iv[0] for iv in pending)      # unexplored: counted in the gap
                 break
             pending.sort()
@@ -464,6 +467,7 @@ class StagePlanner:
             caps = steps[[hi for _, _, hi in batch]]
             value, pick_arc, pick_cut = self._dp(prob, caps)
             search.dp_runs += 1
+            search.pass_runs += 1
             for b, (_, first, hi) in enumerate(batch):
                 totals = [value[k, b, 0, 0] for k in prob.ks]
                 least = float(min(totals))
@@ -758,8 +762,9 @@ def _all_reduce_seconds(group: Cluster, nbytes: np.ndarray) -> np.ndarray:
 
 def cut_candidates(graph: Graph, live_bytes: np.ndarray) -> list[int]:
     """Node indices where a stage may start: 0, the end, and the positions between nodes where
-    the live activation bytes are at their smallest (within 1.5x of the least, not counting
-    positions before the first or after the last parameter use), at most :data:`MAX_CUTS`."""
+    the live activation bytes are at their smallest (within 1.5x of the least found between
+    5% and 95% of the work, not counting positions before the first or after the last
+    parameter use), at most :data:`MAX_CUTS`."""
     n = len(graph.nodes)
     reads_param = [i for i, node in enumerate(graph.nodes)
                    if any(graph.values[r].kind == "param" for r in node.input_refs())]
@@ -769,18 +774,24 @@ def cut_candidates(graph: Graph, live_bytes: np.ndarray) -> list[int]:
     inner = [i for i in range(lo, hi + 1) if live_bytes[i] > 0]
     if not inner:
         return [0, n]
-    least = min(live_bytes[i] for i in inner)
-    chosen = [i for i in inner if live_bytes[i] <= 1.5 * least]
-    # Two cuts with nothing in between that does work are the same cut: keep the first.
     work = np.cumsum([0.0] + [node.cost.fwd_flops + node.cost.bwd_flops + node.cost.fwd_bytes for node in graph.nodes])
+    # The least is taken away from the ends: a classifier's pooled features after the last
+    # block are far smaller than anything between blocks and would leave no cut in the body.
+    body = [i for i in inner if CUT_BODY[0] * work[-1] <= work[i] <= CUT_BODY[1] * work[-1]] or inner
+    least = min(live_bytes[i] for i in body)
+    chosen = [i for i in inner if live_bytes[i] <= 1.5 * least]
+    # Two cuts with nothing in between that does work are the same cut: keep the one that
+    # sends less (the first on a tie).
     dedup: list[int] = []
     for i in chosen:
         if not dedup or work[i] > work[dedup[-1]]:
             dedup.append(i)
+        elif live_bytes[i] < live_bytes[dedup[-1]]:
+            dedup[-1] = i
     if len(dedup) > MAX_CUTS:
         targets = np.linspace(work[dedup[0]], work[dedup[-1]], MAX_CUTS)
-        picks = sorted({dedup[int(np.argmin([abs(work[i] - t) for i in dedup]))] for t in targets})
-        dedup = picks
+        picks = {dedup[int(np.argmin([abs(work[i] - t) for i in dedup]))] for t in targets}
+        dedup = sorted(picks | {i for i in dedup if live_bytes[i] < least})   # cheaper than any in the body
     return [0] + dedup + [n]
 
 
