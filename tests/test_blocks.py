@@ -209,9 +209,15 @@ def test_block_program_trains_exactly_as_the_unrolled_one_with_per_layer_dropout
     blocked = Path(emit(program, str(GPT), str(tmp_path / "blocked"), model_kwargs=kwargs))
     looped = "for params, nodes in zip(BLOCK_0_PARAMS, BLOCK_0_NODES):" in blocked.read_text()
     assert looped == (calls == "looped")
-    unrolled = Path(_unrolled(lambda: emit(program, str(GPT), str(tmp_path / "unrolled"), model_kwargs=kwargs)))
-    assert "def block_0(" in blocked.read_text() and "def block_0(" not in unrolled.read_text()
-    assert _losses(blocked, 2, capsys) == _losses(unrolled, 2, capsys)
+    assert "def block_0(" in blocked.read_text()
+    if "gpt3" not in _UNROLLED_LOSSES:       # the reference run, once per process
+        unrolled = Path(_unrolled(lambda: emit(program, str(GPT), str(tmp_path / "unrolled"), model_kwargs=kwargs)))
+        assert "def block_0(" not in unrolled.read_text()
+        _UNROLLED_LOSSES["gpt3"] = _losses(unrolled, 2, capsys)
+    assert _losses(blocked, 2, capsys) == _UNROLLED_LOSSES["gpt3"]
+
+
+_UNROLLED_LOSSES: dict[str, list[str]] = {}
 
 
 @pytest.mark.slow
