@@ -1,0 +1,39 @@
+"""Pipelined plans with the stages a test asks for (groups and layer counts), rather than the
+ones the stage search would pick: the tiny test models pipeline best on one rank per stage,
+and the runtime must also be shown on multi-rank groups with uneven shares inside."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from costmodel.cluster import load_cluster
+from costmodel.simulator import simulate
+from hapc.ir.precision import Precision
+from hapc.modelfile import load_model_file
+from hapc.plan import Plan
+from hapc.tracer import trace
+from synth.baselines import baseline_program
+from synth.stages import StagePlanner, price_stages
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def forced_pipeline(model_file: str | Path, overrides: dict, cluster_file: str | Path,
+                    groups: Sequence[Sequence[int]], cut_at: Sequence[float], microbatches: int,
+                    schedule: str = "1f1b") -> Plan:
+    """A plan whose stage ``k`` runs on ``groups[k]`` (its own searched SPMD program) and ends at
+    the cut candidate nearest the fraction ``cut_at[k]`` of the model's cut candidates."""
+    mf = load_model_file(str(model_file), overrides)
+    traced = trace(mf.build_model(device="meta"), tuple(t.to("meta") for t in mf.build_inputs()))
+    graph, cluster = traced.graph, load_cluster(str(cluster_file))
+    planner = StagePlanner(graph, cluster)
+    inner = planner.cuts[1:-1]
+    bounds = [0] + [inner[min(len(inner) - 1, int(f * len(inner)))] for f in cut_at] + [len(graph.nodes)]
+    assert len(bounds) == len(groups) + 1 and bounds == sorted(set(bounds)), bounds
+    specs = [(bounds[k], bounds[k + 1], tuple(g), planner.group_program(planner.group(g)))
+             for k, g in enumerate(groups)]
+    pipe = price_stages(graph, cluster, specs, microbatches, schedule)
+    program = baseline_program("dp-even", graph, cluster)
+    model = {"optimizer": "adamw", "file": str(Path(model_file).resolve()), "kwargs": dict(overrides)}
+    return Plan(program, cluster, simulate(program, cluster), "hapc", {}, {}, model, Precision(), pipe)
