@@ -113,6 +113,20 @@ def test_emitted_tables_describe_each_stage_at_micro_batch_shapes(three_stage_pr
     assert [program.STAGE_FORWARDS[k].__name__ for k in range(3)] == ["stage_0", "stage_1", "stage_2"]
 
 
+def test_pipelined_program_needs_only_torch_and_its_siblings(three_stage_program):
+    import ast
+
+    _, program = three_stage_program
+    path = Path(program.__file__)
+    tree = ast.parse(path.read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not imported & {"hapc", "synth", "costmodel"}
+    runtime = (path.parent / "hapc_pipeline.py").read_text()
+    assert "import hapc" not in runtime and "from hapc" not in runtime
+    assert "def stage_2(rt: Rank, v: dict[str, torch.Tensor])" in path.read_text()
+
+
 def test_micro_batches_must_divide_the_batch(tmp_path):
     plan = forced_pipeline(GPT, {**TINY, "batch": 12}, TWO_NODES, [(0,), (1,)], [0.5], 5, group_program="dp-flops")
     with pytest.raises(UserError, match=r"--microbatches 5 does not divide the batch of 12"):

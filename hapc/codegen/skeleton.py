@@ -286,10 +286,13 @@ def make_trainer(device: torch.device) -> Any:
     schedule of hapc_pipeline.py over this rank's stage, else :class:`Trainer`."""
     if "STAGES" not in globals():
         return Trainer(device)
-    import types
 
-    pipeline = _load("hapc_pipeline", "hapc_pipeline.py")
-    return pipeline.PipelineTrainer(types.SimpleNamespace(**globals()), device)
+    class Program:
+        """This program's tables, classes and runtime modules, as attributes."""
+
+    program = Program()
+    program.__dict__.update(globals())
+    return _load("hapc_pipeline", "hapc_pipeline.py").PipelineTrainer(program, device)
 
 
 def make_optimizer(params: list[torch.Tensor]) -> torch.optim.Optimizer:
