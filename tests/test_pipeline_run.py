@@ -110,6 +110,7 @@ def test_emitted_tables_describe_each_stage_at_micro_batch_shapes(three_stage_pr
     # Every parameter is held by a stage; the LM head tied to the embedding by the first and last.
     assert set(program.PARAM_OWNER) == set(program.PARAMS)
     assert program.SHARED_PARAMS == {"p_tok_weight": (0, 2)}
+    assert program.PIPELINE_DROPOUT is False
     assert [program.STAGE_FORWARDS[k].__name__ for k in range(3)] == ["stage_0", "stage_1", "stage_2"]
 
 
@@ -151,6 +152,26 @@ def test_loss_reduction_is_read_from_the_loss_node():
     x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
     assert loss_reduction(trace(Tiny("mean"), (x, y)).graph) == "mean"
     assert loss_reduction(trace(Tiny("sum"), (x, y)).graph) == "sum"
+
+
+def test_dropout_is_found_so_that_verify_can_refuse_it():
+    import torch
+    import torch.nn.functional as F
+
+    from hapc.codegen.pipeline_emit import uses_dropout
+    from hapc.tracer import trace
+
+    class Tiny(torch.nn.Module):
+        def __init__(self, p: float) -> None:
+            super().__init__()
+            self.lin, self.drop = torch.nn.Linear(4, 3), torch.nn.Dropout(p)
+
+        def forward(self, x, y):
+            return F.cross_entropy(self.drop(self.lin(x)), y)
+
+    x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    assert uses_dropout(trace(Tiny(0.1).train(), (x, y)).graph)
+    assert not uses_dropout(trace(Tiny(0.0).train(), (x, y)).graph)
 
 
 # ---- real runs on gloo ranks -----------------------------------------------------------------------

@@ -288,6 +288,8 @@ def _globals(plan: Plan, graph: Graph, model_name: str, pipe: Any, holders: dict
         emitter._dict("PARAM_OWNER: dict[str, int]", {p: ks[0] for p, ks in holders.items()}),
         emitter._dict("SHARED_PARAMS: dict[str, tuple[int, ...]]",
                       {p: tuple(ks) for p, ks in holders.items() if len(ks) > 1}),
+        "# Dropout draws a mask per micro-batch, which the one-device reference of --verify cannot replay.",
+        f"PIPELINE_DROPOUT = {uses_dropout(graph)!r}",
         "# One-stage tables the skeleton's helpers read (a pipeline's live in STAGES).",
         "SHARDS: dict[str, tuple[int, tuple[int, ...]]] = {}",
         "LOCAL_CALLS: dict[str, tuple] = {}",
@@ -295,6 +297,20 @@ def _globals(plan: Plan, graph: Graph, model_name: str, pipe: Any, holders: dict
         "HIERARCHICAL = False",
     ]
     return "\n".join(lines)
+
+
+def uses_dropout(graph: Graph) -> bool:
+    """Whether any dropout (or attention dropout) of the graph drops with p > 0."""
+    for node in graph.nodes:
+        if node.op == "aten.dropout.default":
+            p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
+            train = node.kwargs.get("train", node.args[2] if len(node.args) > 2 else True)
+            if train and p:
+                return True
+        if node.op == "aten.scaled_dot_product_attention.default":
+            if node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4 else 0.0):
+                return True
+    return False
 
 
 def loss_reduction(graph: Graph) -> str:

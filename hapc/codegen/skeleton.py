@@ -518,6 +518,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--verify compares with the initial weights; it cannot follow --load")
     if "STAGES" in globals() and (args.save or args.load):
         parser.error("--save/--load: checkpoints of pipelined programs are not supported yet")
+    if args.verify and globals().get("PIPELINE_DROPOUT"):
+        parser.error("--verify: this pipelined program's model uses dropout, whose masks per micro-batch the "
+                     "one-device reference cannot replay; verify with dropout 0")
 
     if "WORLD_SIZE" not in os.environ and WORLD == 1:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",

@@ -180,7 +180,8 @@ class PipelineTrainer:
         v.update(inputs)
         for name, (base, layout) in st["needs"].items():
             v[name] = self._piece(whole[base], name, layout)
-        self.rt.seed, self.rt.tied = self.seed + self.steps_done, []
+        # A dropout mask per micro-batch (the same on every member of the group).
+        self.rt.seed, self.rt.tied = (self.seed + self.steps_done) * P.MICROBATCHES + i, []
         with P.autocast(self.device):
             results = self.forward(self.rt, v)
         tied, self.rt.tied = self.rt.tied, []
