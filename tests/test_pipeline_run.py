@@ -228,3 +228,53 @@ def test_hugging_face_gpt2_pipelined_across_two_nodes_under_gpipe_verifies(tmp_p
                            group_program="dp-flops")
     outs = _launch(_emit(plan, tmp_path), [2, 2], "--steps", "1", "--verify")
     assert "verify: ok" in outs[0]
+
+
+GROUP_WORKER = """
+import torch, torch.distributed as dist
+from hapc.runtime import collectives as C
+
+dist.init_process_group("gloo")
+me = dist.get_rank()
+# Stage groups of 2 and 4 ranks on three nodes of two: the second spans nodes 1 and 2, so its
+# hierarchical forms run on subgroups inside it; both run at once on disjoint groups.
+comm = C.stage_comms([[0, 1], [2, 3, 4, 5]], [False, True], (2, 2, 2))
+ok = True
+if comm.world == 4:
+    ok &= comm.hierarchical and comm.ranks_per_node == 2 and comm.rank == me - 2
+    gen = torch.Generator().manual_seed(0)
+    X = [torch.randn(5, 3, generator=gen, dtype=torch.float64) for _ in range(4)]
+    lengths, offsets = [2, 1, 1, 1], [0, 2, 3, 4]
+    lo, n = offsets[comm.rank], lengths[comm.rank]
+    for method in ("hierarchical", "padded", "all_to_all", "grouped"):
+        total = C.all_reduce(comm, X[comm.rank].clone(), method)
+        ok &= torch.allclose(total, sum(X))
+        piece = X[0][lo:lo + n].clone().requires_grad_()
+        whole = C.all_gather(comm, piece, 0, lengths, method)
+        ok &= torch.equal(whole, X[0])
+        whole.backward(torch.ones_like(whole))          # reduce-scatter of 4 ranks' ones
+        ok &= torch.equal(piece.grad, torch.full_like(piece, 4.0))
+        mine = C.reduce_scatter(comm, X[comm.rank].clone(), 0, lengths, method)
+        ok &= torch.allclose(mine, sum(X)[lo:lo + n])
+else:
+    ok &= not comm.hierarchical and comm.world == 2
+    ok &= bool(C.all_reduce(comm, torch.full((3,), float(me)), "auto").eq(1.0).all())
+import os
+os.write(1, f"group collectives {'ok' if ok else 'FAILED'} {me}\\n".encode())   # one write: lines stay whole
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_stage_groups_run_their_collectives_and_hierarchical_subgroups_inside_them(tmp_path):
+    import os
+
+    worker = tmp_path / "group_worker.py"
+    worker.write_text(GROUP_WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env.pop("HAPC_RANKS_PER_NODE", None)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=6",
+                           f"--master_port={_free_port()}", str(worker)], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("group collectives ok") == 6, proc.stdout
