@@ -41,6 +41,7 @@ This module depends on torch only: code generation copies it beside emitted prog
 
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,8 +114,9 @@ class PipelineTrainer:
         self.params: dict[str, torch.Tensor] = {}
         self.sources: dict[str, torch.Tensor] = {}
         self._sends: list[tuple[list[Any], list[torch.Tensor]]] = []
-        if self.stage_index is None:
-            return                               # a device the plan leaves idle
+        if self.stage_index is None:            # a device the plan leaves idle
+            self.rt = types.SimpleNamespace(ran=[], tied=[])
+            return
         st = self.stage = P.STAGES[self.stage_index]
         self.forward = P.STAGE_FORWARDS[self.stage_index]
         self.last = self.stage_index == len(P.STAGES) - 1
@@ -181,7 +183,7 @@ class PipelineTrainer:
         for name, (base, layout) in st["needs"].items():
             v[name] = self._piece(whole[base], name, layout)
         # A dropout mask per micro-batch (the same on every member of the group).
-        self.rt.seed, self.rt.tied = (self.seed + self.steps_done) * P.MICROBATCHES + i, []
+        self.rt.seed, self.rt.tied, self.rt.ran = (self.seed + self.steps_done) * P.MICROBATCHES + i, [], []
         with P.autocast(self.device):
             results = self.forward(self.rt, v)
         tied, self.rt.tied = self.rt.tied, []
