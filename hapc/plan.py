@@ -203,7 +203,8 @@ class Plan:
         """Write ``out_dir/program.py`` (and the model file beside it); see :mod:`hapc.codegen`.
 
         ``constants`` are tensors ``torch.export`` lifted out of the model (``Traced.constants``);
-        without them the program recovers them from the model at start-up."""
+        without them the program recovers them from the model at start-up. A pipelined plan traces
+        the model again at one micro-batch (:mod:`hapc.codegen.pipeline_emit`)."""
         from hapc.codegen import emit
 
         if not self.model.get("file"):
