@@ -52,7 +52,7 @@ def synthesize(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] |
     ``stages="auto"`` also searches pipelines (stages on device groups, each with its own
     SPMD program; see :mod:`synth.stages`) and keeps one when it is predicted faster; an
     integer forces that many stages, ``microbatches``/``schedule`` ("1f1b", "gpipe") force
-    those. Pipelined plans cannot be emitted yet.
+    those; ``plan.emit`` writes one program for every rank (:mod:`hapc.codegen.pipeline_emit`).
     """
     from synth.synthesize import synthesize_program
 

@@ -68,7 +68,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     _write_replan_cache(plan, out)
     write_report(plan, out)
     emitted = ""
-    if not args.no_emit and plan.pipeline is None:
+    if not args.no_emit:
         try:
             emitted = str(plan.emit(out, constants=traced.constants))
         except ImportError:
@@ -82,9 +82,6 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         lines = launch_lines(cluster, str(out / "program.py"))
         print("run it: " + lines[0] if len(lines) == 1 else "run it, one line per node (NODE0_ADDRESS: node 0's "
               "address; every node may also be this host):\n  " + "\n  ".join(lines))
-    elif plan.pipeline is not None and not args.no_emit:
-        print(f"note: program.py not written: this plan has {len(plan.pipeline.stages)} pipeline stages and hapc "
-              "cannot emit pipelined programs yet (compile without --stages for a one-stage program)")
     return 0
 
 

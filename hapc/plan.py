@@ -203,14 +203,16 @@ class Plan:
         """Write ``out_dir/program.py`` (and the model file beside it); see :mod:`hapc.codegen`.
 
         ``constants`` are tensors ``torch.export`` lifted out of the model (``Traced.constants``);
-        without them the program recovers them from the model at start-up."""
+        without them the program recovers them from the model at start-up. A pipelined plan traces
+        the model again at one micro-batch (:mod:`hapc.codegen.pipeline_emit`)."""
         from hapc.codegen import emit
 
-        if self.pipeline is not None:
-            raise UserError(f"this plan has {len(self.pipeline.stages)} pipeline stages and hapc cannot emit "
-                            "pipelined programs yet; plan without --stages for a one-stage program")
         if not self.model.get("file"):
             raise UserError("this plan has no model file to emit a program for (plan a model file)")
+        if self.pipeline is not None:       # stages: hapc.codegen.pipeline_emit (traces the micro-batch)
+            from hapc.codegen.pipeline_emit import emit_pipeline
+
+            return emit_pipeline(self, out_dir)
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         return Path(emit(self.program, self.model["file"], str(out), model_kwargs=self.model.get("kwargs", {}),

@@ -282,11 +282,6 @@ def test_explain_walks_each_stage_with_its_group_and_source_lines(two_node_plan,
         assert f"nodes {st.first_node}-{st.stop_node - 1} on rank" in text
 
 
-def test_pipelined_plan_refuses_to_emit_in_one_line(two_node_plan, tmp_path):
-    with pytest.raises(UserError, match="pipeline stages"):
-        two_node_plan.emit(tmp_path)
-
-
 def test_sends_block_both_stages_where_communication_cannot_overlap():
     stages = [_stage(1.0, 1.0, x=0.5), _stage(1.0, 1.0)]
     hidden = schedule_cost(stages, 4, comm_overlap=1.0)

@@ -82,20 +82,25 @@ class Rank:
     offsets, which rank keeps a replicated loss) is read from the tables here.
     """
 
-    def __init__(self, comm: Any, device: torch.device, seed: int = SEED) -> None:
+    def __init__(self, comm: Any, device: torch.device, seed: int = SEED, *,
+                 shards: dict[str, tuple[int, tuple[int, ...]]] | None = None,
+                 local_calls: dict[str, tuple] | None = None) -> None:
         self.comm = comm
-        self.rank = comm.rank
+        self.rank = comm.rank                   # this rank's index in its group (a pipeline stage's)
         self.device = device
         self.seed = seed
         self.tied: list[torch.Tensor] = []      # differentiable collective results of this step
         self.ran: list[tuple[str, str]] = []    # (aten op, node) of each local op this step, in order
+        # A pipeline stage brings its own tables (hapc_pipeline.py); one-stage programs use the globals.
+        self.shards = SHARDS if shards is None else shards
+        self.local_calls = LOCAL_CALLS if local_calls is None else local_calls
 
     # -- this rank's piece of a sharded value
     def piece_info(self, name: str):
         """ShardInfo of this rank's piece of ``name``, or None when it is not sharded."""
-        if name not in SHARDS:
+        if name not in self.shards:
             return None
-        dim, lengths = SHARDS[name]
+        dim, lengths = self.shards[name]
         return L.ShardInfo(dim, sum(lengths[:self.rank]), lengths[self.rank], sum(lengths))
 
     def piece(self, name: str, full: torch.Tensor) -> torch.Tensor:
@@ -111,11 +116,12 @@ class Rank:
     def ctx(self, node: str, name: str | None = None):
         """The RankCtx a local op of ``node`` gets on this rank. In a block function ``node`` is
         the block's first call's node and ``name`` this call's: random draws are keyed by it."""
-        op, ins, outs, shapes = LOCAL_CALLS[node]
+        op, ins, outs, shapes = self.local_calls[node]
         name = node if name is None else name
         self.ran.append((op, name))
-        return L.RankCtx(self.rank, WORLD, name, op, tuple(self.piece_info(n) for n in ins),
-                         tuple(self.piece_info(n) for n in outs), shapes, self.seed, WORLD > 1)
+        world = self.comm.world
+        return L.RankCtx(self.rank, world, name, op, tuple(self.piece_info(n) for n in ins),
+                         tuple(self.piece_info(n) for n in outs), shapes, self.seed, world > 1)
 
     def drive(self, result: Any) -> Any:
         """Run a local op that asks for collectives (see hapc_collectives.drive)."""
@@ -123,31 +129,31 @@ class Rank:
 
     # -- layout changes (see hapc_collectives.py for each one's backward)
     def slice(self, x: torch.Tensor, out: str) -> torch.Tensor:
-        dim, lengths = SHARDS[out]
+        dim, lengths = self.shards[out]
         return C.shard_slice(self.comm, x, dim, lengths)
 
     def all_gather(self, x: torch.Tensor, src: str, method: str = "auto") -> torch.Tensor:
-        dim, lengths = SHARDS[src]
+        dim, lengths = self.shards[src]
         return C.all_gather(self.comm, x, dim, lengths, method)
 
     def reduce_scatter(self, x: torch.Tensor, out: str, method: str = "auto") -> torch.Tensor:
-        dim, lengths = SHARDS[out]
+        dim, lengths = self.shards[out]
         return C.reduce_scatter(self.comm, x, dim, lengths, method)
 
     def linear_sfb(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, src: str) -> torch.Tensor:
         """Linear whose weight gradient is rebuilt from gathered factors (no all-reduce)."""
-        dim, lengths = SHARDS[src]
+        dim, lengths = self.shards[src]
         return C.linear_sfb(self.comm, x, weight, bias, dim, lengths)
 
     def all_reduce(self, x: torch.Tensor, method: str = "auto") -> torch.Tensor:
         return C.all_reduce(self.comm, x, method)
 
     def all_to_all(self, x: torch.Tensor, src: str, out: str, method: str = "auto") -> torch.Tensor:
-        (src_dim, src_lengths), (dst_dim, dst_lengths) = SHARDS[src], SHARDS[out]
+        (src_dim, src_lengths), (dst_dim, dst_lengths) = self.shards[src], self.shards[out]
         return C.all_to_all(self.comm, x, src_dim, src_lengths, dst_dim, dst_lengths, method)
 
     def pad_partial(self, x: torch.Tensor, src: str) -> torch.Tensor:
-        dim, lengths = SHARDS[src]
+        dim, lengths = self.shards[src]
         return C.shard_to_partial(self.comm, x, dim, lengths)
 
     def keep_on_rank0(self, x: torch.Tensor) -> torch.Tensor:
@@ -178,7 +184,7 @@ class Trainer:
                                f"{dist.get_world_size()}")
         self.device = torch.device(device)
         self.kwargs = dict(MODEL_KWARGS if model_kwargs is None else model_kwargs)
-        self.comm = C.Comm(hierarchical=HIERARCHICAL)
+        self.comm = C.Comm(hierarchical=HIERARCHICAL, node_sizes=NODE_SIZES)
         self.rank = self.comm.rank
         self.rt = Rank(self.comm, self.device, seed)
         self.seed, self.steps_done = seed, 0
@@ -277,8 +283,26 @@ def build(device: str | torch.device = "cpu", **options: Any):
     return trainer.params, trainer.step
 
 
+# ---- pipelined plans (issue 12): the tables hold STAGES, hapc_pipeline.py runs the schedule ----
+
+def make_trainer(device: torch.device) -> Any:
+    """This rank's trainer: for a pipelined plan (the tables define ``STAGES``) the pipeline
+    schedule of hapc_pipeline.py over this rank's stage, else :class:`Trainer`."""
+    if "STAGES" not in globals():
+        return Trainer(device)
+
+    class Program:
+        """This program's tables, classes and runtime modules, as attributes."""
+
+    program = Program()
+    program.__dict__.update(globals())
+    return _load("hapc_pipeline", "hapc_pipeline.py").PipelineTrainer(program, device)
+
+
 def make_optimizer(params: list[torch.Tensor]) -> torch.optim.Optimizer:
     """The model file's ``optimizer(params)`` if it has one, else the plan's default."""
+    if not params:      # a rank no pipeline stage uses: nothing to update
+        return torch.optim.SGD([torch.zeros(0, requires_grad=True)], lr=0.0)
     if callable(getattr(M, "optimizer", None)):
         return M.optimizer(params)
     if OPTIMIZER == "adam":
@@ -495,6 +519,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.load and args.verify:
         parser.error("--verify compares with the initial weights; it cannot follow --load")
+    if "STAGES" in globals() and (args.save or args.load):
+        parser.error("--save/--load: checkpoints of pipelined programs are not supported yet")
+    if args.verify and globals().get("PIPELINE_DROPOUT"):
+        parser.error("--verify: this pipelined program's model uses dropout, whose masks per micro-batch the "
+                     "one-device reference cannot replay; verify with dropout 0")
 
     if "WORLD_SIZE" not in os.environ and WORLD == 1:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
@@ -525,7 +554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.cuda.synchronize()
 
     try:
-        trainer = Trainer(device)
+        trainer = make_trainer(device)
         optimizer = make_optimizer(list(trainer.params.values()))
         batch = tuple(_call_with(M.inputs, trainer.kwargs))
         ok, times = True, []

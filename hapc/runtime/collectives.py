@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from itertools import groupby
 from typing import Any
 
 import torch
@@ -72,41 +73,86 @@ def method_of(name: str) -> str:
 
 
 class Comm:
-    """The process group a program runs on, and what its collectives learn about it.
+    """The process group a program (or one pipeline stage) runs on, and what its collectives
+    learn about it.
 
-    ``ranks_per_node`` (default: torchrun's ``LOCAL_WORLD_SIZE``, or ``HAPC_RANKS_PER_NODE``
-    to try hierarchical forms on one host) defines the nodes: consecutive blocks of ranks.
-    Hierarchical subgroups are created here, collectively, only when ``hierarchical`` is set,
-    because every rank must create every group in the same order.
+    ``ranks`` are the group's global ranks in order (default: every rank) and ``group`` its
+    process group (None: the world). ``rank``/``world`` are this rank's index in the group and
+    the group's size, which is all the collectives below look at. Nodes: ``node_sizes`` (the
+    plan's ranks per node, in cluster order, so a 1+2+3 cluster is described exactly), else
+    ``ranks_per_node``, else torchrun's ``LOCAL_WORLD_SIZE``; ``HAPC_RANKS_PER_NODE`` overrides
+    all of them (to try hierarchical forms on one host). Hierarchical forms need the group's
+    ranks to fill equal nodes node by node; otherwise the flat forms run (same result).
+    Subgroups are created here, collectively, only when ``hierarchical`` is set, because every
+    rank must create every group in the same order: a pipeline builds every stage's Comm on
+    every rank (:func:`stage_comms`).
     """
 
-    def __init__(self, hierarchical: bool = False, ranks_per_node: int | None = None) -> None:
-        self.rank = dist.get_rank()
-        self.world = dist.get_world_size()
-        k = ranks_per_node or int(os.environ.get("HAPC_RANKS_PER_NODE", "0")) \
-            or int(os.environ.get("LOCAL_WORLD_SIZE", str(self.world)))
-        self.ranks_per_node = k
+    def __init__(self, hierarchical: bool = False, ranks_per_node: int | None = None, *,
+                 ranks: Sequence[int] | None = None, group: Any = None,
+                 node_sizes: Sequence[int] | None = None) -> None:
+        me = dist.get_rank()
+        ranks = list(range(dist.get_world_size())) if ranks is None else list(ranks)
+        self.ranks = ranks
+        self.group = group
+        self.rank = ranks.index(me) if me in ranks else -1
+        self.world = len(ranks)
+        self.ranks_per_node = _ranks_per_node(ranks, ranks_per_node, node_sizes)
+        k = self.ranks_per_node
         self.can_reduce_scatter = True
         self.can_all_to_all = True
         # Each group: (process group, its global ranks in order, this rank's index in it).
-        self.everyone = (None, list(range(self.world)), self.rank)
+        self.everyone = (group, ranks, self.rank)
         self.node: tuple[Any, list[int], int] | None = None
         self.cross: tuple[Any, list[int], int] | None = None
         if hierarchical and 1 < k < self.world and self.world % k == 0:
             for n in range(self.world // k):
-                ranks = list(range(n * k, (n + 1) * k))
-                g = dist.new_group(ranks)
-                if self.rank in ranks:
-                    self.node = (g, ranks, ranks.index(self.rank))
+                members = ranks[n * k:(n + 1) * k]
+                g = dist.new_group(members)
+                if me in members:
+                    self.node = (g, members, members.index(me))
             for i in range(k):
-                ranks = list(range(i, self.world, k))
-                g = dist.new_group(ranks)
-                if self.rank in ranks:
-                    self.cross = (g, ranks, ranks.index(self.rank))
+                members = ranks[i::k]
+                g = dist.new_group(members)
+                if me in members:
+                    self.cross = (g, members, members.index(me))
 
     @property
     def hierarchical(self) -> bool:
         return self.node is not None
+
+
+def _ranks_per_node(ranks: list[int], ranks_per_node: int | None, node_sizes: Sequence[int] | None) -> int:
+    """Ranks per node inside a group, or the group's size when its nodes are not equal blocks
+    of consecutive members (no hierarchical form then)."""
+    forced = int(os.environ.get("HAPC_RANKS_PER_NODE", "0"))
+    if forced:
+        return forced
+    if ranks_per_node:
+        return ranks_per_node
+    if node_sizes is None:
+        return int(os.environ.get("LOCAL_WORLD_SIZE", str(len(ranks))))
+    node_of = [n for n, size in enumerate(node_sizes) for _ in range(size)]
+    nodes = [node_of[r] for r in ranks]
+    blocks = [sum(1 for _ in run) for _, run in groupby(nodes)]
+    if len(set(nodes)) != len(blocks) or len(set(blocks)) != 1:
+        return len(ranks)         # a node split around other nodes, or nodes of unequal sizes
+    return blocks[0]
+
+
+def stage_comms(stage_ranks: Sequence[Sequence[int]], hierarchical: Sequence[bool],
+                node_sizes: Sequence[int]) -> Comm | None:
+    """Every stage's process group (and its hierarchical subgroups), created on every rank in
+    stage order as ``dist.new_group`` requires; returns this rank's stage's Comm (None for a
+    rank no stage uses)."""
+    me = dist.get_rank()
+    mine = None
+    for ranks, hier in zip(stage_ranks, hierarchical):
+        group = dist.new_group(list(ranks)) if len(ranks) < dist.get_world_size() else None
+        comm = Comm(hier, ranks=ranks, group=group, node_sizes=node_sizes)
+        if me in ranks:
+            mine = comm
+    return mine
 
 
 # ---- helpers -----------------------------------------------------------------------------------
@@ -268,7 +314,7 @@ def _all_reduce_flat(comm: Comm, x: torch.Tensor, method: str) -> torch.Tensor:
         whole = _gather_rows(comm, mine, [share] * k, PADDED, comm.node)
         return whole[:flat.numel()].view(x.shape)
     out = _wire(x).clone()
-    dist.all_reduce(out)
+    dist.all_reduce(out, group=comm.group)
     return out
 
 
@@ -305,7 +351,8 @@ def _exchange(comm: Comm, x: torch.Tensor, src_dim: int, src_lengths: Sequence[i
     out = wire.new_empty(sum(recv_sizes))
     try:
         dist.all_to_all_single(out, torch.cat(send) if send else wire.new_empty(0),
-                               output_split_sizes=recv_sizes, input_split_sizes=[t.numel() for t in send])
+                               output_split_sizes=recv_sizes, input_split_sizes=[t.numel() for t in send],
+                               group=comm.group)
     except (RuntimeError, NotImplementedError):
         comm.can_all_to_all = False
         return _exchange(comm, x, src_dim, src_lengths, dst_dim, dst_lengths)
@@ -466,7 +513,7 @@ def drive(comm: Comm, gen: Any, keep: list[torch.Tensor] | None = None) -> Any:
         elif request.kind == "max":
             answer = request.tensor.detach().clone()
             if comm.world > 1:
-                dist.all_reduce(answer, op=dist.ReduceOp.MAX)
+                dist.all_reduce(answer, op=dist.ReduceOp.MAX, group=comm.group)
         else:
             raise ValueError(f"unknown collective request {request.kind!r}")
 
@@ -533,7 +580,7 @@ class GradSync:
     def _launch(self, b: int) -> None:
         bucket = self.buckets[b]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
-        work = dist.all_reduce(flat, async_op=True)
+        work = dist.all_reduce(flat, async_op=True, group=self.comm.group)
         self._launched.append((work, flat, bucket))
 
     def finish(self) -> None:

@@ -1,0 +1,466 @@
+"""A pipelined plan -> one standalone ``program.py`` for every rank (issue 12).
+
+The program is the one-stage skeleton (:mod:`hapc.codegen.skeleton`: launch checks, verify,
+optimizer loop) with, between its ``generated`` markers, a table per stage (``STAGES``) and a
+forward function per stage; :mod:`hapc.runtime.pipeline` (copied as ``hapc_pipeline.py``)
+runs a rank's stage in the 1F1B or GPipe schedule and moves the boundary tensors.
+
+**Micro-batch shapes.** A stage's program was planned on the whole batch, but each forward
+runs one micro-batch. The model is traced again at ``batch / m`` samples and the graph
+checked to be the same node for node (names, ops, values); each stage's strategies (shares,
+source layouts, steps) are then applied to that graph, so every shape the program writes —
+a view's target size, a shard's piece lengths (the shares re-rounded on the micro-batch, as
+the one-stage emitter rounds them on the batch), a local op's global shapes — is the
+micro-batch's, exactly as torch.export saw it.
+
+**What runs where.** A redistribution belongs to the stage of the node that consumes it (the
+cost model charges it there too). A stage's forward reads its sources (the parameters,
+buffers, constants and inputs its steps read) and, from the stage before it, every value
+produced before its first node that it or a later stage reads. Those values cross each cut
+whole (see :mod:`hapc.runtime.pipeline` for the layouts at a cut).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hapc.codegen import emitter
+from hapc.errors import UserError
+from hapc.ir.graph import Graph
+from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.program import Compute, DistProgram, Redistribute
+from hapc.runtime import pipeline as pipeline_runtime
+
+if TYPE_CHECKING:
+    from hapc.plan import Plan
+
+SOURCE_KINDS = ("param", "buffer", "constant", "input")
+
+
+def emit_pipeline(plan: Plan, out_dir: str | Path) -> Path:
+    """Write ``out_dir/program.py`` for a pipelined ``plan`` (and the files beside it)."""
+    pipe = plan.pipeline
+    assert pipe is not None
+    micro = micro_batch_graph(plan)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model_name = _copy_files(plan.model["file"], out, micro.graph, micro.constants)
+    source = render_pipeline(plan, micro.graph, model_name)
+    path = out / "program.py"
+    path.write_text(source)
+    return path
+
+
+# ---- the micro-batch graph ---------------------------------------------------------------------
+
+@dataclass
+class MicroTrace:
+    graph: Graph
+    constants: dict
+
+
+def micro_batch_graph(plan: Plan) -> MicroTrace:
+    """The model traced at one micro-batch (precision applied), checked node for node against
+    the plan's whole-batch graph."""
+    from hapc.ir.precision import autocast_graph
+    from hapc.modelfile import load_model_file
+    from synth.stages import batch_size
+
+    m = plan.pipeline.microbatches
+    batch = batch_size(plan.graph)
+    if batch % m:
+        raise UserError(f"--microbatches {m} does not divide the batch of {batch} samples")
+    mf = load_model_file(plan.model["file"], plan.model.get("kwargs") or {})
+    inputs = tuple(x.narrow(0, 0, batch // m) if x.dim() and x.shape[0] == batch else x for x in mf.build_inputs())
+    traced = _trace(mf, inputs)
+    graph = autocast_graph(traced.graph, plan.precision.name)
+    _check_same_structure(plan.graph, graph, batch, batch // m)
+    return MicroTrace(graph, traced.constants)
+
+
+def _trace(mf: Any, inputs: tuple[torch.Tensor, ...]):
+    """Trace on the meta device, with real tensors when that leaves constants without data."""
+    from hapc.tracer import trace
+
+    try:
+        traced = trace(mf.build_model(device="meta"), tuple(t.to("meta") for t in inputs))
+        if not traced.dataless_constants():
+            return traced
+    except UserError:
+        pass
+    return trace(mf.build_model(), inputs)
+
+
+def _check_same_structure(whole: Graph, micro: Graph, batch: int, rows: int) -> None:
+    """One-line error where the micro-batch graph is not the whole-batch graph node for node."""
+    def fail(what: str) -> None:
+        raise UserError(f"the model traced at a micro-batch of {rows} samples has another graph than at its "
+                        f"batch of {batch} ({what}); pipelining needs a graph that does not depend on the batch size")
+
+    if len(whole.nodes) != len(micro.nodes):
+        fail(f"{len(micro.nodes)} nodes instead of {len(whole.nodes)}")
+    for i, (a, b) in enumerate(zip(whole.nodes, micro.nodes)):
+        if (a.name, a.op, a.outputs, list(a.input_refs())) != (b.name, b.op, b.outputs, list(b.input_refs())):
+            fail(f"node {i} is {b.name} ({b.op}) instead of {a.name} ({a.op})")
+    if set(whole.values) != set(micro.values) or whole.inputs != micro.inputs or whole.output != micro.output:
+        fail("other values")
+
+
+def on_graph(program: DistProgram, graph: Graph) -> DistProgram:
+    """``program``'s strategies on another graph of the same structure (the micro-batch's)."""
+    return DistProgram(graph, tuple(program.shares), dict(program.source_layouts), list(program.steps))
+
+
+# ---- stages --------------------------------------------------------------------------------------
+
+@dataclass
+class _StageCode:
+    """What one stage's forward runs and exchanges, by value name."""
+
+    program: DistProgram          # the group's program on the micro-batch graph
+    first: int
+    stop: int
+    ranks: tuple[int, ...]
+    cluster: Any                  # the group as a cluster of its own (resolves "auto" collectives)
+    steps: list                   # the program's steps this stage runs, in order
+    sources: list[str]            # parameters, buffers, constants, inputs its steps read
+    needs: dict[str, str]         # value read -> the boundary value (whole) it is a piece of
+    produced: set[str]
+
+
+def _base(name: str) -> str:
+    return name.split("@", 1)[0]
+
+
+def _stage_steps(program: DistProgram, first: int, stop: int) -> list:
+    """The steps of nodes ``[first, stop)``; a redistribution goes with the node consuming it."""
+    index = {n.name: i for i, n in enumerate(program.graph.nodes)}
+    out, pending = [], []
+    for step in program.steps:
+        if isinstance(step, Redistribute):
+            pending.append(step)
+            continue
+        if first <= index[step.node] < stop:
+            out += pending + [step]
+        pending = []
+    if pending and stop == len(program.graph.nodes):
+        out += pending
+    return out
+
+
+def _stage_code(program: DistProgram, first: int, stop: int, ranks: tuple[int, ...], cluster: Any) -> _StageCode:
+    graph = program.graph
+    steps = _stage_steps(program, first, stop)
+    makers = {s.out: s for s in program.steps if isinstance(s, Redistribute)}
+    produced: set[str] = set()
+    nodes = {n.name: n for n in graph.nodes}
+    reads: list[str] = []
+    for step in steps:
+        reads += list(step.inputs) if isinstance(step, Compute) else [step.src]
+        produced.update(nodes[step.node].outputs if isinstance(step, Compute) else [step.out])
+    # A redistributed source made in an earlier stage (a parameter gathered once, read by two
+    # stages) is made again here, from this stage's own copy of the source.
+    extra: list = []
+    for name in list(dict.fromkeys(reads)):
+        chain = []
+        while name not in produced and name in makers and graph.values[_base(name)].kind in SOURCE_KINDS:
+            chain.append(makers[name])
+            produced.add(name)
+            name = makers[name].src
+        extra += chain[::-1]
+    steps = extra + steps
+    reads = [s.src for s in extra] + reads
+    sources, needs = [], {}
+    for name in dict.fromkeys(reads):
+        if name in produced:
+            continue
+        if graph.values.get(name) is not None and graph.values[name].kind in SOURCE_KINDS:
+            sources.append(name)
+        else:
+            needs[name] = _base(name)
+    return _StageCode(program, first, stop, ranks, cluster, steps, sources, needs, produced)
+
+
+def _layout_code(layout: Layout) -> str:
+    if isinstance(layout, Shard):
+        return "S"
+    if isinstance(layout, Partial):
+        return "P"
+    assert isinstance(layout, Replicate), layout
+    return "R"
+
+
+def _producers(graph: Graph) -> dict[str, int]:
+    return {out: i for i, node in enumerate(graph.nodes) for out in node.outputs}
+
+
+# ---- rendering ---------------------------------------------------------------------------------
+
+def render_pipeline(plan: Plan, graph: Graph, model_name: str) -> str:
+    """The text of a pipelined ``program.py``."""
+    from costmodel.groups import sub_cluster
+
+    pipe = plan.pipeline
+    codes = [_stage_code(on_graph(st.program, graph), st.first_node, st.stop_node, tuple(st.ranks),
+                         sub_cluster(plan.cluster, st.ranks)) for st in pipe.stages]
+    producer = _producers(graph)
+    # crossing[k]: values stage k receives whole (produced before its first node, read by it or later)
+    crossing: list[list[str]] = [[] for _ in codes]
+    for k, code in enumerate(codes):
+        wanted = list(dict.fromkeys(b for later in codes[k:] for b in later.needs.values()))
+        crossing[k] = [b for b in wanted if producer[b] < code.first] if k else []
+    for k, code in enumerate(codes):
+        missing = [b for b in code.needs.values() if producer[b] >= code.first]
+        if missing:
+            raise UserError(f"stage {k} reads {missing[0]} before its stage computes it (a plan out of order)")
+    tables = [_stage_table(k, code, crossing, codes) for k, code in enumerate(codes)]
+    forwards = [_stage_forward(k, code, crossing) for k, code in enumerate(codes)]
+    holders: dict[str, list[int]] = {}
+    for k, code in enumerate(codes):
+        for name in code.sources:
+            if graph.values[name].kind == "param":
+                holders.setdefault(name, []).append(k)
+    body = "\n".join([
+        _globals(plan, graph, model_name, pipe, holders),
+        emitter._precision_tables(plan.precision),
+        "",
+        "# One table per stage: its group's global ranks, its SPMD tables at micro-batch shapes",
+        "# (SHARDS, LOCAL_CALLS, GRAD_SYNC_ORDER as in a one-stage program), the sources it holds,",
+        "# the values it receives whole at its first cut (recv: name, shape, dtype, carries a",
+        "# gradient) and sends at its last (send: ... and its layout here, 'pass' when it only",
+        "# passes through), and which of its values are pieces of received ones (needs).",
+        "STAGES: tuple[dict[str, Any], ...] = (",
+        *[t + "," for t in tables],
+        ")",
+        "",
+        "",
+        "\n\n".join(forwards),
+        "",
+        f"STAGE_FORWARDS = ({', '.join(f'stage_{k}' for k in range(len(codes)))},)",
+    ])
+    skeleton = emitter.SKELETON.read_text()
+    head, rest = skeleton.split(emitter.BEGIN, 1)
+    _, tail = rest.split(emitter.END, 1)
+    doc_end = ast.parse(skeleton).body[0].end_lineno
+    head = "\n".join(head.splitlines()[doc_end:])
+    return _docstring(plan, model_name) + head.rstrip("\n") + "\n\n" + emitter.BEGIN + "\n" + body + "\n" + \
+        emitter.END + tail
+
+
+def _globals(plan: Plan, graph: Graph, model_name: str, pipe: Any, holders: dict[str, list[int]]) -> str:
+    from synth.stages import batch_size
+
+    whole = plan.graph
+    batch, m = batch_size(whole), pipe.microbatches
+    split = tuple(bool(graph.meta(x).shape) and whole.meta(x).shape[0] == batch and graph.meta(x).shape[0] != batch
+                  for x in graph.inputs)
+    reduction = loss_reduction(graph)
+    lines = [
+        f"MODEL_FILE = {model_name!r}",
+        f"MODEL_KWARGS: dict[str, Any] = {dict(plan.model.get('kwargs') or {})!r}",
+        "SEED = 0",
+        f"OPTIMIZER = {plan.model.get('optimizer', 'adamw')!r}             # unless the model file defines optimizer(params)",
+        f"WORLD = {plan.cluster.world}",
+        "# Ranks per node, in the cluster file's order (a multi-node launch is checked against it).",
+        f"NODE_SIZES: tuple[int, ...] = {tuple(len(h.devices) for h in plan.cluster.nodes)!r}",
+        "",
+        f"# The pipeline: {len(pipe.stages)} stages, {m} micro-batches of {batch // m} samples, {pipe.schedule} schedule.",
+        f"MICROBATCHES, SCHEDULE = {m}, {pipe.schedule!r}",
+        f"# The model's loss is a {reduction} over its batch: the step's loss is "
+        + ("the mean of the micro-batch losses." if reduction == "mean" else "their sum."),
+        f"LOSS, LOSS_SCALE = {graph.output!r}, {1.0 / m if reduction == 'mean' else 1.0!r}",
+        emitter._dict("PARAMS: dict[str, str]", {p: graph.values[p].target for p in graph.params}),
+        emitter._dict("BUFFERS: dict[str, str]", {b: graph.values[b].target for b in graph.buffers}),
+        emitter._dict("CONSTANTS: dict[str, str]",
+                      {n: v.target for n, v in graph.values.items() if v.kind == "constant"}),
+        f"INPUTS: tuple[str, ...] = {tuple(graph.inputs)!r}   # model inputs, in call order",
+        f"INPUT_SPLIT: tuple[bool, ...] = {split!r}   # cut into micro-batches along dim 0",
+        "# The stage whose gradient --verify reports for each parameter, and the parameters several",
+        "# stages read (their gradients are summed across those stages after the last backward).",
+        emitter._dict("PARAM_OWNER: dict[str, int]", {p: ks[0] for p, ks in holders.items()}),
+        emitter._dict("SHARED_PARAMS: dict[str, tuple[int, ...]]",
+                      {p: tuple(ks) for p, ks in holders.items() if len(ks) > 1}),
+        "# Dropout draws a mask per micro-batch, which the one-device reference of --verify cannot replay.",
+        f"PIPELINE_DROPOUT = {uses_dropout(graph)!r}",
+        "# One-stage tables the skeleton's helpers read (a pipeline's live in STAGES).",
+        "SHARDS: dict[str, tuple[int, tuple[int, ...]]] = {}",
+        "LOCAL_CALLS: dict[str, tuple] = {}",
+        "GRAD_SYNC_ORDER: tuple[str, ...] = ()",
+        "HIERARCHICAL = False",
+    ]
+    return "\n".join(lines)
+
+
+def uses_dropout(graph: Graph) -> bool:
+    """Whether any dropout (or attention dropout) of the graph drops with p > 0."""
+    for node in graph.nodes:
+        if node.op == "aten.dropout.default":
+            p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
+            train = node.kwargs.get("train", node.args[2] if len(node.args) > 2 else True)
+            if train and p:
+                return True
+        if node.op == "aten.scaled_dot_product_attention.default":
+            if node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4 else 0.0):
+                return True
+    return False
+
+
+def loss_reduction(graph: Graph) -> str:
+    """"sum" when the loss node reduces with a sum (``aten.sum`` or ``reduction=2``), else
+    "mean" (a mean of equal micro-batches' means is the batch's mean)."""
+    node = next((n for n in graph.nodes if graph.output in n.outputs), None)
+    if node is None:
+        return "mean"
+    if node.op.startswith("aten.sum."):
+        return "sum"
+    try:
+        ns, packet, overload = node.op.split(".", 2)
+        schema = getattr(getattr(getattr(torch.ops, ns), packet), overload)._schema
+    except (AttributeError, ValueError, RuntimeError):
+        return "mean"
+    for i, arg in enumerate(schema.arguments):
+        if arg.name == "reduction":
+            value = node.kwargs.get("reduction", node.args[i] if i < len(node.args) else 1)
+            return "sum" if value == 2 else "mean"
+    return "mean"
+
+
+def _stage_table(k: int, code: _StageCode, crossing: list[list[str]], codes: list[_StageCode]) -> str:
+    program, graph = code.program, code.program.graph
+    layouts = program.layouts()
+    used = set(code.sources) | set(code.needs) | code.produced
+    shards = {n: v for n, v in emitter._shards(program, layouts).items() if n in used}
+    local_ids = {s.node for s in code.steps if isinstance(s, Compute)}
+    local_calls = {n: v for n, v in emitter._local_calls(program).items() if n in local_ids}
+    params = [p for p in code.sources if graph.values[p].kind == "param"]
+    sync = tuple(p for p in emitter._grad_sync_order(program) if p in params)
+    producer = _producers(graph)
+
+    def spec(base: str) -> tuple:
+        meta = graph.meta(base)
+        return (base, tuple(meta.shape), meta.dtype, bool(graph.values[base].requires_grad and meta.is_float))
+
+    recv = tuple(spec(b) for b in crossing[k])
+    send = ()
+    if k + 1 < len(codes):
+        send = tuple(spec(b) + ((_layout_code(layouts[b]) if producer[b] >= code.first else "pass"),)
+                     for b in crossing[k + 1])
+    needs = {n: (b, _layout_code(layouts[n])) for n, b in code.needs.items()}
+    hierarchical = any(emitter.collectives_module.method_of(emitter._method(program, s, code.cluster))
+                       == emitter.HIER for s in code.steps if isinstance(s, Redistribute))
+    first_name, last_name = graph.nodes[code.first].name, graph.nodes[code.stop - 1].name
+    fields = {
+        "ranks": code.ranks,
+        "shares": tuple(round(s, 6) for s in program.shares),
+        "hierarchical": hierarchical,
+        "loss_partial": isinstance(layouts[graph.output], Partial) if k == len(codes) - 1 else False,
+        "params": {p: graph.values[p].target for p in params},
+        "buffers": {b: graph.values[b].target for b in code.sources if graph.values[b].kind == "buffer"},
+        "constants": {c: graph.values[c].target for c in code.sources if graph.values[c].kind == "constant"},
+        "inputs": tuple(x for x in code.sources if graph.values[x].kind == "input"),
+        "recv": recv,
+        "send": send,
+        "needs": needs,
+        "shards": shards,
+        "local_calls": local_calls,
+        "grad_sync_order": sync,
+    }
+    inner = "".join(f"        {key!r}: {value!r},\n" for key, value in fields.items())
+    return (f"    # stage {k}: nodes {code.first}..{code.stop - 1} ({first_name} .. {last_name}) "
+            f"on ranks {list(code.ranks)}\n    {{\n{inner}    }}")
+
+
+def _stage_forward(k: int, code: _StageCode, crossing: list[list[str]]) -> str:
+    """``stage_k(rt, v)``: the stage's steps, one line each, as the one-stage ``forward`` writes
+    them; returns the values it sends (this rank's pieces) or, last, the loss."""
+    program, graph = code.program, code.program.graph
+    names = emitter._Names(program)
+    nodes = {n.name: n for n in graph.nodes}
+    lines = [f"def stage_{k}(rt: Rank, v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:",
+             f'    """Stage {k} (nodes {code.first}..{code.stop - 1}) on this rank\'s pieces of one micro-batch."""']
+    for name in (*code.sources, *code.needs):
+        lines.append(f"    {names[name]} = v[{name!r}]")
+    last_source = None
+    for step in code.steps:
+        if isinstance(step, Redistribute):
+            lines += emitter._redistribute(program, step, names, code.cluster)
+            continue
+        node = nodes[step.node]
+        loc = node.source
+        if loc is not None and (loc.file, loc.line) != last_source:
+            lines.append(f"    # {os.path.basename(loc.file)}:{loc.line}{f'  {loc.code}' if loc.code else ''}")
+            last_source = (loc.file, loc.line)
+        lines += emitter._compute(program, node, step, names)
+        if node.mutates and node.mutates in graph.values and graph.values[node.mutates].kind == "buffer" \
+                and node.outputs:
+            lines.append(f"    rt.write_back({names[node.mutates]}, {names[node.outputs[0]]})")
+    if k + 1 < len(crossing):
+        out = [b for b in crossing[k + 1] if b in code.produced]
+    else:
+        out = [graph.output]
+    lines.append("    return {" + ", ".join(f"{b!r}: {names[b]}" for b in out) + "}")
+    return "\n".join(lines)
+
+
+def _docstring(plan: Plan, model_name: str) -> str:
+    pipe = plan.pipeline
+    from hapc.launch import launch_lines
+
+    launch = "\n    ".join(launch_lines(plan.cluster, "program.py", extra="[--steps K] [--verify]"))
+    stages = "\n".join(f"  stage {k}: nodes {st.first_node}..{st.stop_node - 1} on ranks {list(st.ranks)}"
+                       for k, st in enumerate(pipe.stages))
+    summary = plan.summary().strip().replace('"""', "'''").replace("\\", "\\\\")
+    return f'''"""Pipelined training of {model_name} on {plan.cluster.world} ranks: generated by hapc.
+
+{len(pipe.stages)} stages, {pipe.microbatches} micro-batches, {pipe.schedule} schedule:
+{stages}
+
+Run (one line per node; every node may be this host):
+
+    {launch}
+
+Files beside this one: {model_name} (the model file), hapc_local_ops.py, hapc_collectives.py,
+hapc_pipeline.py (the schedule and the exchange between stages), hapc_checkpoint.py and
+hapc_timings.py. Only torch is needed. Each stage's ``stage_k`` is one line per step of its
+group's plan; ``STAGES`` holds the tables.
+
+Plan:
+{summary}
+"""
+'''
+
+
+# ---- files ---------------------------------------------------------------------------------------
+
+def _copy_files(model_file: str, out: Path, graph: Graph, constants: dict | None) -> str:
+    """The model file and the runtime beside the program (as :func:`emitter.emit` does), plus
+    hapc_pipeline.py; returns the model file's name there."""
+    model_name = Path(model_file).name
+    if model_name in ("program.py", "hapc_local_ops.py", "hapc_collectives.py", "hapc_checkpoint.py",
+                      "hapc_timings.py", "hapc_pipeline.py"):
+        model_name = "model.py"
+    if Path(model_file).resolve() != (out / model_name).resolve():
+        shutil.copyfile(model_file, out / model_name)
+    shutil.copyfile(inspect.getsourcefile(emitter.local_ops_module), out / "hapc_local_ops.py")
+    shutil.copyfile(inspect.getsourcefile(emitter.collectives_module), out / "hapc_collectives.py")
+    shutil.copyfile(inspect.getsourcefile(pipeline_runtime), out / "hapc_pipeline.py")
+    shutil.copyfile(emitter.CHECKPOINT_RUNTIME, out / "hapc_checkpoint.py")
+    shutil.copyfile(emitter.TIMINGS_RUNTIME, out / "hapc_timings.py")
+    used = {graph.values[n].target for n in graph.values if graph.values[n].kind == "constant"}
+    with_data = {k: t for k, t in (constants or {}).items() if k in used and not t.is_meta}
+    if with_data:
+        torch.save(with_data, out / "constants.pt")
+    else:
+        (out / "constants.pt").unlink(missing_ok=True)
+    return model_name
+
+
+__all__ = ["emit_pipeline", "loss_reduction", "micro_batch_graph", "on_graph", "render_pipeline"]
