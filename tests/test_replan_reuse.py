@@ -3,8 +3,8 @@
 The cache beside plan.json (synth.reuse) holds every node's candidate strategies, so a replan
 never calls the sharding rules, which import torch: the round trip gives exactly the rules'
 strategies, a stale or corrupt cache is refused in one line (and the CLI then derives them
-again, saying so), a replan on the cache imports neither torch nor scipy.optimize, and its plan
-is as fast as a fresh synthesis on the new cluster.
+again, saying so), a replan on the cache imports neither torch, scipy.optimize nor matplotlib,
+and its plan is as fast as a fresh synthesis on the new cluster.
 """
 
 from __future__ import annotations
@@ -106,14 +106,14 @@ def test_replan_with_a_stale_cache_derives_the_strategies_and_says_so(compiled, 
     assert reuse.load(new.graph, out / reuse.FILE_NAME) > 0
 
 
-def test_a_replan_on_the_cache_imports_no_torch_or_scipy_optimize(compiled, tmp_path):
-    """The modules that made a replan take seconds: the sharding rules' torch and scipy's LP.
-    (A fresh interpreter: this test process has imported them all.)"""
+def test_a_replan_on_the_cache_imports_no_torch_scipy_optimize_or_matplotlib(compiled, tmp_path):
+    """The modules that made a replan take seconds: the sharding rules' torch, scipy's LP and
+    the chart (now an SVG written as text). (A fresh interpreter: this process has them all.)"""
     out = tmp_path / "new"
     code = ("import sys; from hapc.cli import main; "
             f"rc = main(['replan', {str(compiled / 'plan.json')!r}, '--drop', '1', '--search', '-o', {str(out)!r}, "
             "'--no-emit', '-q']); "
-            "print(rc, sorted(m for m in ('torch', 'scipy.optimize') if m in sys.modules))")
+            "print(rc, sorted(m for m in ('torch', 'scipy.optimize', 'matplotlib') if m in sys.modules))")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=120, check=False)
