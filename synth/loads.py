@@ -28,26 +28,33 @@ def share_problem(program: DistProgram, sim: SimResult, cluster: Cluster,
     a = np.zeros(world)
     b = np.zeros(world)
     nodes = {n.name: n for n in program.graph.nodes}
+    # Ranks of one device kind compute alike: each node is priced once per kind, not per rank.
+    kinds: dict[tuple, list[int]] = {}
+    for r, d in enumerate(cluster.devices):
+        kinds.setdefault((d.type, tuple(sorted(d.peak_flops.items())), d.hbm_bandwidth_Bps), []).append(r)
+    ranks_of_kind = [np.asarray(ranks) for ranks in kinds.values()]
     for step in program.steps:
         if not isinstance(step, Compute):
             continue
         node = nodes[step.node]
         sharded = any(isinstance(x, Shard) for x in step.strategy.inputs + step.strategy.outputs)
-        for r, device in enumerate(cluster.devices):
-            t = node_seconds(node, program.graph, device, cluster, 1.0)
-            (a if sharded else b)[r] += t.fwd_seconds + t.bwd_seconds
+        for ranks in ranks_of_kind:
+            t = node_seconds(node, program.graph, cluster.devices[ranks[0]], cluster, 1.0)
+            (a if sharded else b)[ranks] += t.fwd_seconds + t.bwd_seconds
     b += np.asarray(sim.comm_seconds)
-    m, c = _memory_coefficients(program, cluster, optimizer)
+    m, c = _memory_coefficients(program, cluster, optimizer, sim.memory.totals)
     return ShareProblem(a=a, b=b, m=m, c=c, capacity=np.asarray(cluster.memory_bytes(), dtype=float),
                         device_names=[f"{d.type}#{d.index}" for d in cluster.devices])
 
 
-def _memory_coefficients(program: DistProgram, cluster: Cluster, optimizer: str | int):
-    """Bytes per device as ``m * share + c``, from two evaluations of the memory model."""
+def _memory_coefficients(program: DistProgram, cluster: Cluster, optimizer: str | int,
+                         totals_at_shares: list[float]):
+    """Bytes per device as ``m * share + c``, from two evaluations of the memory model (the
+    one at the program's own shares is the simulation's, ``totals_at_shares``)."""
     world = program.world
     s1 = np.asarray(program.shares, dtype=float)
     s2 = np.full(world, 1.0 / world) if not np.allclose(s1, 1.0 / world) else _tilted(world)
-    m1 = np.asarray(program_memory(_with_shares(program, s1), cluster, optimizer).totals)
+    m1 = np.asarray(totals_at_shares, dtype=float)
     m2 = np.asarray(program_memory(_with_shares(program, s2), cluster, optimizer).totals)
     ds = s1 - s2
     m = np.where(np.abs(ds) > 1e-12, (m1 - m2) / np.where(np.abs(ds) > 1e-12, ds, 1.0), 0.0)

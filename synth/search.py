@@ -94,6 +94,7 @@ class Searcher:
         self._codes_cache: dict[int, list[int]] = {}
         self._alt_cache: dict[tuple[int, int], list[tuple[int, float]]] = {}
         self._templates: dict[tuple, list[tuple]] = {}
+        self._targets: dict[tuple, list[tuple[int, ...]] | None] = {}
         # Expansions one segment may use before it is finished by a beam (and marked inexact).
         self.segment_budget = 8_000
         self._hard = space.hard_segments
@@ -297,9 +298,10 @@ class Searcher:
             if g + h_state < f - 1e-15:
                 continue                              # a stale entry of a state since improved
             if i == seg.stop:
-                exits.setdefault(state, g)
-                if bound == math.inf:   # the best exit: others matter only if cheaper than converting it
-                    bound = g + self._conversion_bound(seg.stop, state)
+                if state not in exits:
+                    exits[state] = g
+                    # Other exits matter only while dearer to convert the settled ones into.
+                    bound = self._exit_bound(seg.stop, exits, bound)
                 continue
             if i > seg.start and self._dominated(i, state, g, layer):
                 continue
@@ -389,6 +391,49 @@ class Searcher:
             shape = self.graph.values[self._names[vid]].meta.shape
             hit = [0, 1] + [2 + d for d, n in enumerate(shape) if n > 1]
             self._codes_cache[vid] = hit
+        return hit
+
+    def _exit_bound(self, i: int, exits: dict[State, float], previous: float) -> float:
+        """Cost above which no further exit of a segment (values live at node ``i``) matters.
+
+        An exit that holds each value in one layout matters only while it is cheaper than
+        converting some settled exit into it; once every such target has a settled exit that
+        converts into it for less than the search's current cost, the rest is dominated. The
+        bound is the dearest target's cheapest conversion, over single-layout targets (as
+        :meth:`_conversion_bound` is); with many exit values it is that bound of the best exit.
+        """
+        if len(exits) == 1:
+            (state, g), = exits.items()
+            return g + self._conversion_bound(i, state)
+        targets = self._exit_targets(i)
+        if targets is None:
+            return previous
+        live = self._live[i]
+        worst = 0.0
+        for target in targets:
+            cheapest = math.inf
+            for state, g in exits.items():
+                extra = g
+                for vid, mask, want in zip(live, state, target):
+                    if not mask >> want & 1:
+                        extra += min(self._move_seconds(vid, a, want) for a in _bits(mask))
+                        if extra >= cheapest:
+                            break
+                if extra < cheapest:
+                    cheapest = extra
+            if cheapest > worst:
+                worst = cheapest
+        return min(worst, previous)
+
+    def _exit_targets(self, i: int) -> list[tuple[int, ...]] | None:
+        """Every way to hold each value live at ``i`` in one layout (None when too many)."""
+        key = ("targets", i)
+        hit = self._targets.get(key, False)
+        if hit is False:
+            codes = [self._codes_of(vid) for vid in self._live[i]]
+            count = math.prod(len(c) for c in codes)
+            hit = list(itertools.product(*codes)) if count <= 64 else None
+            self._targets[key] = hit
         return hit
 
     def _conversion_bound(self, i: int, state: State) -> float:
