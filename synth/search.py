@@ -274,7 +274,10 @@ class Searcher:
 
     def _astar_segment(self, seg: Segment, frontier: Frontier, base: float) -> dict:
         nodes = self.space.nodes
-        heuristic = _ValueBound(self, seg).of
+        value_bound = _ValueBound(self, seg)
+        heuristic = value_bound.of
+        towards = _TargetBound.of_segment(self, seg, value_bound)
+        limits: dict[tuple[int, ...], float] | None = None
         # Per node of the segment: state -> best cost so far, and state -> (previous state,
         # strategy, sources) of the move that reached it.
         best_g: list[dict[State, float]] = [{} for _ in range(seg.start, seg.stop + 1)]
@@ -302,7 +305,11 @@ class Searcher:
                     exits[state] = g
                     # Other exits matter only while dearer to convert the settled ones into.
                     bound = self._exit_bound(seg.stop, exits, bound)
+                    if towards is not None:
+                        limits = self._exit_limits(seg.stop, exits)
                 continue
+            if limits is not None and towards.useless(i, state, g, limits):
+                continue                  # reaches no exit that a settled one does not beat
             if i > seg.start and self._dominated(i, state, g, layer):
                 continue
             budget -= 1
@@ -405,11 +412,17 @@ class Searcher:
         if len(exits) == 1:
             (state, g), = exits.items()
             return g + self._conversion_bound(i, state)
+        limits = self._exit_limits(i, exits)
+        return previous if limits is None else min(max(limits.values()), previous)
+
+    def _exit_limits(self, i: int, exits: dict[State, float]) -> dict[tuple[int, ...], float] | None:
+        """Per single-layout target of the exit values (live at ``i``): the cheapest settled
+        exit converted into it. A later exit holding the target matters only below this."""
         targets = self._exit_targets(i)
         if targets is None:
-            return previous
+            return None
         live = self._live[i]
-        worst = 0.0
+        limits = {}
         for target in targets:
             cheapest = math.inf
             for state, g in exits.items():
@@ -421,9 +434,8 @@ class Searcher:
                             break
                 if extra < cheapest:
                     cheapest = extra
-            if cheapest > worst:
-                worst = cheapest
-        return min(worst, previous)
+            limits[target] = cheapest
+        return limits
 
     def _exit_targets(self, i: int) -> list[tuple[int, ...]] | None:
         """Every way to hold each value live at ``i`` in one layout (None when too many)."""
@@ -556,12 +568,19 @@ class _ValueBound:
                 best = h
         return best
 
-    def _solve(self, vid: int, i: int, mask: int) -> float:
+    def _solve(self, vid: int, i: int, mask: int, memo: dict | None = None,
+               last_options: frozenset[int] | None = None, floor: list[float] | None = None) -> float:
         """Cost to go of the relaxation that tracks only ``vid``, from ``mask`` before node ``i``.
+
+        ``last_options`` restricts the segment's last node to those strategies (with ``floor``
+        and ``memo`` to match): the cost to reach an exit of a given layout, see
+        :class:`_TargetBound`.
 
         Iterative (segments can be long): a stack of (node, mask) still to price; a pair is
         priced once every successor it needs is in the memo."""
-        memo = self.memo
+        memo = self.memo if memo is None else memo
+        floor = self.floor if floor is None else floor
+        last = self.stop - 1 if last_options is not None else -1
         tables = self.searcher._tables
         convert = self.searcher._convert
         stack = [(i, mask)]
@@ -573,7 +592,9 @@ class _ValueBound:
             alive_after = vid in self.live_sets[j + 1 - self.start]
             best = math.inf
             missing = []
-            for base, acts, *_ in tables[j]:
+            for k, (base, acts, *_) in enumerate(tables[j]):
+                if j == last and k not in last_options:
+                    continue
                 cost, m2 = base, m
                 for _, _, want, v in acts:
                     if v == vid:
@@ -584,7 +605,7 @@ class _ValueBound:
                 if j + 1 == self.stop:
                     rest = 0.0
                 elif not alive_after:
-                    rest = self.floor[j + 1 - self.start]
+                    rest = floor[j + 1 - self.start]
                 else:
                     rest = memo.get((vid, j + 1, m2))
                     if rest is None:
@@ -595,9 +616,77 @@ class _ValueBound:
             if missing:
                 stack.extend(missing)
                 continue
-            memo[(vid, j, m)] = best if best < math.inf else self.floor[j - self.start]
+            memo[(vid, j, m)] = best if best < math.inf else floor[j - self.start]
             stack.pop()
         return memo[(vid, i, mask)]
+
+
+class _TargetBound:
+    """Lower bounds on the cost to reach an exit of a *given* layout, to stop expanding states
+    once the exits they could still reach are beaten.
+
+    After the first exit of a segment, the A* keeps going only to find exits in other layouts
+    (a replicated copy of the residual, say) that a settled exit cannot be converted into
+    more cheaply. Its heuristic bounds the cost to *any* exit, so it keeps every state whose
+    cost is below the dearest such conversion. Here the relaxation of :class:`_ValueBound`
+    is solved with the last node limited to the strategies that produce each target layout;
+    a state whose bound to every target exceeds that target's limit reaches no exit that
+    matters, and is dropped. Used where one value leaves the segment, born at its last node
+    (a transformer block's residual), which is where the hardest segments end.
+    """
+
+    def __init__(self, vb: _ValueBound, producers: dict[int, frozenset[int]]) -> None:
+        self.vb = vb
+        self.producers = producers          # target layout code -> strategies of the last node
+        self.memos: dict[int, dict] = {code: {} for code in producers}
+        searcher = vb.searcher
+        last = vb.stop - 1
+        own = searcher._node_floor(searcher.space.nodes[last])
+        self.floors: dict[int, list[float]] = {}
+        for code, options in producers.items():
+            cheapest = min(searcher._tables[last][k][0] for k in options)
+            self.floors[code] = [f - own + cheapest for f in vb.floor[:-1]] + [0.0]
+
+    @staticmethod
+    def of_segment(searcher: Searcher, seg: Segment, vb: _ValueBound) -> _TargetBound | None:
+        exit_values = searcher._live[seg.stop]
+        last = seg.stop - 1
+        if len(exit_values) != 1 or seg.stop - seg.start < 2:
+            return None
+        ns = searcher.space.nodes[last]
+        outputs = [searcher._vid[o] for o in ns.node.outputs]
+        if exit_values[0] not in outputs:
+            return None
+        pos = outputs.index(exit_values[0])
+        producers: dict[int, set[int]] = {}
+        for k, strat in enumerate(ns.options):
+            producers.setdefault(searcher.code(strat.outputs[pos]), set()).add(k)
+        return _TargetBound(vb, {code: frozenset(ks) for code, ks in producers.items()})
+
+    def useless(self, i: int, state: State, g: float, limits: dict[tuple[int, ...], float]) -> bool:
+        """Does every exit reachable from ``state`` (before node ``i``, cost ``g`` so far) cost
+        more than its layout's limit?"""
+        vb = self.vb
+        for (code,), limit in limits.items():
+            options = self.producers.get(code)
+            if options is None:
+                continue                         # the last node cannot produce this layout
+            slack = limit + 1e-15 - g
+            floor = self.floors[code]
+            if floor[i - vb.start] <= slack and not self._beyond(code, options, floor, i, state, slack):
+                return False
+        return True
+
+    def _beyond(self, code: int, options: frozenset[int], floor: list[float], i: int, state: State,
+                slack: float) -> bool:
+        memo = self.memos[code]
+        for vid, mask in zip(self.vb.live[i], state):
+            h = memo.get((vid, i, mask))
+            if h is None:
+                h = self.vb._solve(vid, i, mask, memo, options, floor)
+            if h > slack:
+                return True
+        return False
 
 
 def _carrier(carry: tuple[tuple[int, int], ...], slots_before: int) -> Callable[[list[int]], State]:

@@ -80,21 +80,23 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
     for replicated_params in (True, False):
         shares = tuple(cluster.flops_shares())
         previous = float("inf")
+        tried = tuple(overlaps)
         for round_ in range(max_rounds):
             round_best: Candidate | None = None
-            for overlap in overlaps:
+            round_overlap = None
+            for overlap in tried:
                 left = None if deadline is None else max(0.0, deadline - time.perf_counter())
                 t0 = time.perf_counter()
                 space = SearchSpace.build(graph, Prices(graph, cluster, shares, grad_sync_overlap=overlap),
                                           allow_replicated_params=replicated_params)
-                result = search(space, left / (2 * len(overlaps)) if left is not None else None)
+                result = search(space, left / (2 * len(tried)) if left is not None else None)
                 out.search_seconds += time.perf_counter() - t0
                 out.searches += 1
                 out.states_expanded += result.states_expanded
                 prog = to_program(space, result, shares)
                 cand = Candidate("hapc", prog, simulate(prog, cluster, optimizer=optimizer), result, space)
                 if round_best is None or _better(cand, round_best):
-                    round_best = cand
+                    round_best, round_overlap = cand, overlap
             assert round_best is not None
             say(f"round {round_ + 1}: {round_best.seconds * 1e3:.3f} ms/iter "
                 f"({'fits' if round_best.fits else 'does not fit'}), shares "
@@ -126,6 +128,9 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
             if warm is None or not _better(warm, round_best):
                 break
             shares = new_shares
+            # Shares the LP moves change prices, not which overlap assumption models this
+            # program's gradient synchronisation best: later rounds search with the winner's.
+            tried = (round_overlap,)
             if deadline is not None and time.perf_counter() > deadline:
                 break
         if best is not None and best.fits:
