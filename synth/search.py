@@ -95,8 +95,13 @@ class Searcher:
         self._alt_cache: dict[tuple[int, int], list[tuple[int, float]]] = {}
         self._templates: dict[tuple, list[tuple]] = {}
         self._targets: dict[tuple, list[tuple[int, ...]] | None] = {}
+        # Per segment structure: the memos of its heuristic's relaxations (see _ValueBound).
+        self._relaxations: dict[str, dict] = {}
         # Expansions one segment may use before it is finished by a beam (and marked inexact).
-        self.segment_budget = 8_000
+        # The transformer, ViT, BERT and VGG segments of the benchmarks need at most ~3,000
+        # (GPT-12 on 8 to 64 devices); a mixture-of-experts layer runs out at any budget tried
+        # (60,000), so a smaller one wastes less before the beam takes over.
+        self.segment_budget = 5_000
         self._hard = space.hard_segments
         self._timed_out: set[str] = set()
         self._live = [[self._vid[v] for v in live] for live in space.live]
@@ -552,18 +557,28 @@ class _ValueBound:
         self.floor = floor
         self.live = searcher._live
         self.live_sets = [set(searcher._live[j]) for j in range(seg.start, seg.stop + 1)]
-        self.memo: dict[tuple[int, int, int], float] = {}
+        # Values by position in the segment (entry slot, then each node's outputs in order),
+        # not by name: every instance of a repeated segment has the same relaxations, so one
+        # memo per segment structure serves all of them (and every A* run of each).
+        self.sid: dict[int, int] = {vid: k for k, vid in enumerate(searcher._live[seg.start])}
+        for j in range(seg.start, seg.stop):
+            for o in nodes[j].node.outputs:
+                self.sid.setdefault(searcher._vid[o], len(self.sid))
+        self.live_sids = [[self.sid[v] for v in searcher._live[j]] for j in range(seg.start, seg.stop + 1)]
+        self.shared = searcher._relaxations.setdefault(seg.signature, {})
+        self.memo: dict[tuple[int, int, int], float] = self.shared.setdefault("any", {})
 
     def of(self, i: int, state: State) -> float:
         """Lower bound on the cost from ``state`` before node ``i`` to any exit of the segment."""
         if i == self.stop:
             return 0.0
-        best = self.floor[i - self.start]
+        at = i - self.start
+        best = self.floor[at]
         memo = self.memo
-        for vid, mask in zip(self.live[i], state):
-            h = memo.get((vid, i, mask))
+        for slot, (sid, mask) in enumerate(zip(self.live_sids[at], state)):
+            h = memo.get((sid, at, mask))
             if h is None:
-                h = self._solve(vid, i, mask)
+                h = self._solve(self.live[i][slot], i, mask)
             if h > best:
                 best = h
         return best
@@ -583,10 +598,11 @@ class _ValueBound:
         last = self.stop - 1 if last_options is not None else -1
         tables = self.searcher._tables
         convert = self.searcher._convert
+        sid, start = self.sid[vid], self.start
         stack = [(i, mask)]
         while stack:
             j, m = stack[-1]
-            if (vid, j, m) in memo:
+            if (sid, j - start, m) in memo:
                 stack.pop()
                 continue
             alive_after = vid in self.live_sets[j + 1 - self.start]
@@ -607,7 +623,7 @@ class _ValueBound:
                 elif not alive_after:
                     rest = floor[j + 1 - self.start]
                 else:
-                    rest = memo.get((vid, j + 1, m2))
+                    rest = memo.get((sid, j + 1 - start, m2))
                     if rest is None:
                         missing.append((j + 1, m2))
                         continue
@@ -616,9 +632,9 @@ class _ValueBound:
             if missing:
                 stack.extend(missing)
                 continue
-            memo[(vid, j, m)] = best if best < math.inf else floor[j - self.start]
+            memo[(sid, j - start, m)] = best if best < math.inf else floor[j - start]
             stack.pop()
-        return memo[(vid, i, mask)]
+        return memo[(sid, i - start, mask)]
 
 
 class _TargetBound:
@@ -638,7 +654,7 @@ class _TargetBound:
     def __init__(self, vb: _ValueBound, producers: dict[int, frozenset[int]]) -> None:
         self.vb = vb
         self.producers = producers          # target layout code -> strategies of the last node
-        self.memos: dict[int, dict] = {code: {} for code in producers}
+        self.memos: dict[int, dict] = {code: vb.shared.setdefault(("exit", code), {}) for code in producers}
         searcher = vb.searcher
         last = vb.stop - 1
         own = searcher._node_floor(searcher.space.nodes[last])
@@ -680,10 +696,12 @@ class _TargetBound:
     def _beyond(self, code: int, options: frozenset[int], floor: list[float], i: int, state: State,
                 slack: float) -> bool:
         memo = self.memos[code]
-        for vid, mask in zip(self.vb.live[i], state):
-            h = memo.get((vid, i, mask))
+        vb = self.vb
+        at = i - vb.start
+        for slot, (sid, mask) in enumerate(zip(vb.live_sids[at], state)):
+            h = memo.get((sid, at, mask))
             if h is None:
-                h = self.vb._solve(vid, i, mask, memo, options, floor)
+                h = vb._solve(vb.live[i][slot], i, mask, memo, options, floor)
             if h > slack:
                 return True
         return False

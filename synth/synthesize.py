@@ -20,7 +20,7 @@ from costmodel.cluster import Cluster
 from costmodel.simulator import SimResult, simulate
 from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
-from synth.baselines import BASELINES, baseline_program
+from synth.baselines import BASELINES, baseline_programs
 from synth.costs import Prices
 from synth.loads import share_problem
 from synth.ratios import MemoryInfeasible, solve_shares
@@ -71,9 +71,8 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
     deadline = time.perf_counter() + time_budget if time_budget else None
     out = Synthesis(best=None, baselines={})  # type: ignore[arg-type]
 
-    for name in baselines:
-        say(f"baseline {name}")
-        prog = baseline_program(name, graph, cluster)
+    say("baselines " + ", ".join(baselines))
+    for name, prog in baseline_programs(baselines, graph, cluster).items():
         out.baselines[name] = Candidate(name, prog, simulate(prog, cluster, optimizer=optimizer))
 
     best: Candidate | None = None

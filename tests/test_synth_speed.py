@@ -167,3 +167,16 @@ def _useful(searcher, seg, exits) -> dict:
     """A segment's exits that no other converts into for less, with their costs."""
     kept = searcher._prune_frontier(seg, {st: (g, None) for st, (g, _, _) in exits.items()})
     return {st: round(g, 15) for st, (g, _) in kept.items()}
+
+
+def test_data_parallel_baselines_are_propagated_once_with_the_same_result():
+    from synth.baselines import baseline_program, baseline_programs
+
+    graph = _traced(TwoLayer(), torch.randn(6, 12), torch.randn(6, 5)).graph
+    shared = baseline_programs(("dp-even", "dp-flops"), graph, _CLUSTER)
+    for name in ("dp-even", "dp-flops"):
+        alone = baseline_program(name, graph, _CLUSTER)
+        assert shared[name].shares == alone.shares
+        assert shared[name].source_layouts == alone.source_layouts
+        assert [repr(s) for s in shared[name].steps] == [repr(s) for s in alone.steps]
+    assert shared["dp-even"].shares != shared["dp-flops"].shares
