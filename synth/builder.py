@@ -139,6 +139,6 @@ def propagate(graph: Graph, shares: Sequence[float], source_layouts: dict[str, L
     score = score or greedy_score
     for node in graph.nodes:
         options = node_strategies(graph, node)
-        best = min(options, key=lambda s: (score(node, s, builder), options.index(s)))
-        builder.compute(node, best)
+        best = min(range(len(options)), key=lambda k: (score(node, options[k], builder), k))
+        builder.compute(node, options[best])
     return builder.build()
