@@ -27,6 +27,8 @@ RESULTS = ROOT / "bench" / "results.json"
 # generations (see clusters_by_size).
 HAP8 = CLUSTERS_DIR / "hap-8gpu-v100x4-p100x4.yaml"
 HAP64 = CLUSTERS_DIR / "hap-paper-v100x16-p100x48.yaml"
+# Issue 13's growth case: 16 nodes of 8 A100-80GB + 16 of 8 V100, 100 Gb/s (other generations).
+GROWTH256 = CLUSTERS_DIR / "a100x128-v100x128-256gpu.yaml"
 
 # HAP's released synthesizer, search only (tracing excluded), 8 heterogeneous devices, on a
 # 2-core machine like this one (design.md section 4). Keys: (model, layers).
@@ -62,7 +64,8 @@ def trace_model(name: str, **kwargs: Any):
 def clusters_by_size() -> dict[int, Any]:
     """8, 16 and 64 devices of the same two generations: V100s on NVLink, P100s on PCIe, 10 Gb/s
     between servers. 8 and 16 are two servers, half V100 and half P100; 64 is HAP's own cluster
-    (2 servers of 8 V100, 6 of 8 P100)."""
+    (2 servers of 8 V100, 6 of 8 P100). 256 is issue 13's growth case (A100 and V100 servers,
+    100 Gb/s; see ``bench.scale`` for the sweep that holds the generations fixed)."""
     sixteen = {
         "name": "hap-16gpu-v100x8-p100x8",
         "nodes": [
@@ -71,7 +74,7 @@ def clusters_by_size() -> dict[int, Any]:
         ],
         "network": {"bandwidth_Gbps": 10, "latency_us": 50},
     }
-    return {8: str(HAP8), 16: sixteen, 64: str(HAP64)}
+    return {8: str(HAP8), 16: sixteen, 64: str(HAP64), 256: str(GROWTH256)}
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

@@ -181,12 +181,32 @@ def synthesis_section(res: dict[str, Any]) -> list[str]:
     out += [(f"GPT-{devices[0]['layers']} (hidden 768), global batch {devices[0]['batch']}. 8 and 16 "
             "devices: two servers, half V100 (NVLink) and half P100 (PCIe), 10 Gb/s between them; "
             "64: HAP's cluster "
-            "(16 V100 + 48 P100 on eight servers)."), "",
-            "| devices | cluster | search s | synthesize s | plan | predicted ms/iter |",
-            "|---|---|---|---|---|---|"]
+            "(16 V100 + 48 P100 on eight servers); 256 (batch 512): 16 servers of 8 A100 and 16 of "
+            "8 V100, 100 Gb/s."), "",
+            "| devices | batch | cluster | search s | synthesize s | plan | predicted ms/iter |",
+            "|---|---|---|---|---|---|---|"]
     for r in devices:
-        out.append(f"| {r['devices']} | {r['cluster']} | {_s(r['search_seconds'])} | "
+        out.append(f"| {r['devices']} | {r['batch']} | {r['cluster']} | {_s(r['search_seconds'])} | "
                    f"{_s(r['synthesize_seconds'])} | {r['plan']} | {_ms(r['plan_seconds'])} |")
+    return out + [""] + scale_lines(res)
+
+
+def scale_lines(res: dict[str, Any]) -> list[str]:
+    """``bench.scale``: synthesis time against devices and device types, with the counts
+    (classes of alike ranks, LP variables) that should follow kinds and nodes, not devices."""
+    sc = res.get("scale")
+    out = ["### Growth with the cluster (`python -m bench.scale`)", ""]
+    if not sc:
+        return out + [NOT_YET, ""]
+    out += [f"{sc['model']}; nodes of 8 split evenly over the device types, 100 Gb/s between nodes.", "",
+            "| devices | types | nodes | synthesize s | simulate ms | rank classes | LP variables | plan ms/iter |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in sc["rows"]:
+        out.append(f"| {r['devices']} | {r['device_types']} | {r['nodes']} | {_s(r['synthesize_seconds'])} | "
+                   f"{r['simulate_seconds'] * 1e3:.0f} | {r['rank_classes']} | {r['lp_variables']} | "
+                   f"{r['plan_ms']:.3f} |")
+    if "compile_seconds" in sc:
+        out += ["", f"`hapc compile` of the 256-device example, end to end: {_s(sc['compile_seconds'], 1)} s."]
     return out + [""]
 
 
@@ -198,10 +218,15 @@ def compile_section(res: dict[str, Any]) -> list[str]:
     runs = ", ".join(f"{x:.1f}" for x in comp["wall_runs"])
     emitted = "yes" if comp.get("emitted_program") else "no"
     return out + [
-        (f"`hapc compile configs/models/gpt.py --set layers=48 --cluster {comp['cluster']}` in a fresh "
+        (f"`hapc compile configs/models/gpt.py --set layers=48 {_sets(comp)}--cluster {comp['cluster']}` in a fresh "
         f"process: **{comp['wall_seconds']:.1f} s** wall, median of {comp['repeats']} ({runs}); "
         f"{_s(comp.get('reported_seconds'), 1)} s as hapc reports it (without interpreter start-up and "
-        f"imports). program.py emitted: {emitted}. Target: under {comp['target_seconds']:.0f} s."), ""]
+        f"imports); {_s(comp.get('cpu_seconds'), 1)} s CPU. program.py emitted: {emitted}. "
+        f"Target: under {comp['target_seconds']:.0f} s."), ""]
+
+
+def _sets(comp: dict[str, Any]) -> str:
+    return "".join(f"--set {k}={v} " for k, v in comp.get("settings", {}).items())
 
 
 QUALITY_INTRO = (

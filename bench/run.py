@@ -17,8 +17,8 @@ import time
 
 from bench.common import ROOT
 
-SECTIONS = ("synthesis", "compile_time", "quality", "runtime", "pipeline")
-QUICK_ARGS = {"synthesis": ["--quick"], "compile_time": ["--repeats", "1"],
+SECTIONS = ("synthesis", "compile_time", "quality", "runtime", "pipeline", "scale")
+QUICK_ARGS = {"synthesis": ["--quick"], "compile_time": ["--repeats", "1"], "scale": ["--repeats", "1"],
               "runtime": ["--launches", "1", "--steps", "6", "--no-calibration"]}
 
 

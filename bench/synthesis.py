@@ -40,6 +40,7 @@ DEPTHS = (2, 4, 8, 12, 24, 48)
 ARCHITECTURES: tuple[tuple[str, int | None], ...] = (
     ("vit", 12), ("vit", 24), ("vit", 48), ("bert", 12), ("bert", 24), ("vgg", None), ("moe", 12))
 DEVICE_BATCH = 64          # every one of 64 devices gets at least one sample
+WIDE_BATCH = 512           # beyond 64 devices: issue 13's example, GPT-12 batch 512 on 256 devices
 BUDGET_SECONDS = 20.0      # per timing: no further repeat once the runs so far took this long
 
 
@@ -103,12 +104,15 @@ def depth_rows(cluster, repeats: int, depths=DEPTHS, architectures=ARCHITECTURES
 def device_rows(repeats: int, layers: int = 12) -> list[dict[str, Any]]:
     from costmodel.cluster import load_cluster
 
-    traced = trace_model("gpt", layers=layers, batch=DEVICE_BATCH)
+    traced: dict[int, Any] = {}
     rows = []
     for world, source in clusters_by_size().items():
         cluster = load_cluster(source)
-        row = {"model": "gpt", "layers": layers, "batch": DEVICE_BATCH, "devices": world,
-               "cluster": cluster.name, **time_model(traced, cluster, repeats)}
+        batch = DEVICE_BATCH if world <= DEVICE_BATCH else WIDE_BATCH
+        if batch not in traced:
+            traced[batch] = trace_model("gpt", layers=layers, batch=batch)
+        row = {"model": "gpt", "layers": layers, "batch": batch, "devices": world,
+               "cluster": cluster.name, **time_model(traced[batch], cluster, repeats)}
         say(f"gpt-{layers} on {world} devices: search {row['search_seconds']:.2f} s, "
             f"synthesize {row['synthesize_seconds']:.2f} s")
         rows.append(row)

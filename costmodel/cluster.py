@@ -79,6 +79,28 @@ class Device:
 
 
 @dataclass(frozen=True)
+class GroupShape:
+    """A group of ranks as the collective formulas see it (:meth:`Cluster.group_shape`).
+
+    ``by_node`` holds the members node by node (nodes in order, in the node's device order),
+    ``positions`` each node's members as indices into ``ranks`` (where their piece sizes sit),
+    ascending,
+    ``node_links`` the link inside each node's part (None for a part of one rank) and ``link``
+    the slowest link of the whole group (:meth:`Cluster.group_link`).
+    """
+
+    ranks: tuple[int, ...]
+    by_node: tuple[tuple[int, ...], ...]
+    positions: tuple[tuple[int, ...], ...]
+    node_links: tuple[Link | None, ...]
+    link: Link | None
+
+    @property
+    def spans_nodes(self) -> bool:
+        return len(self.by_node) > 1
+
+
+@dataclass(frozen=True)
 class Host:
     """One machine of the cluster: the ranks it holds and the link between them."""
 
@@ -112,6 +134,9 @@ class Cluster:
     # Per-op times measured on the device (costmodel.optable.OpTable), or None: roofline only.
     op_table: Any = field(default=None, compare=False)
     _kind_views: dict[str, Cluster] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _groups: dict[tuple[int, ...] | None, GroupShape] = field(default_factory=dict, init=False, repr=False,
+                                                              compare=False)
+    _kinds: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     # ---- structure -------------------------------------------------------------------------
     @property
@@ -126,9 +151,38 @@ class Cluster:
 
     def ranks_by_node(self, ranks: Iterable[int] | None = None) -> list[list[int]]:
         """The given ranks (default: all) grouped by node, nodes in order, empty groups dropped."""
-        chosen = set(range(self.world) if ranks is None else ranks)
-        groups = [[r for r in host.devices if r in chosen] for host in self.nodes]
-        return [g for g in groups if g]
+        return [list(g) for g in self.group_shape(ranks).by_node]
+
+    def group_shape(self, ranks: Iterable[int] | None = None) -> GroupShape:
+        """How the group ``ranks`` (default: all) sits on the nodes, made once per group.
+
+        Every collective formula needs this (nodes spanned, members per node, the slowest
+        link); collectives over the same group are priced thousands of times per synthesis,
+        and building it is linear in devices while the formulas are linear in nodes.
+        """
+        key = None if ranks is None else tuple(ranks)
+        if key is not None and key == tuple(range(self.world)):
+            key = None
+        shape = self._groups.get(key)
+        if shape is None:
+            shape = self._groups[key] = self._make_group_shape(key)
+        return shape
+
+    def _make_group_shape(self, ranks: tuple[int, ...] | None) -> GroupShape:
+        members = tuple(range(self.world)) if ranks is None else ranks
+        position = {r: i for i, r in enumerate(members)}
+        by_node = tuple(g for g in (tuple(r for r in host.devices if r in position) for host in self.nodes) if g)
+        node_links = tuple(self.nodes[self.node_of(g[0])].intra_link if len(g) > 1 else None for g in by_node)
+        links = [lk for lk in node_links if lk is not None]
+        if len(by_node) > 1 and self.network is not None:
+            links.append(self.network)
+        link = None
+        if links:
+            slow = min(links, key=lambda lk: lk.bandwidth_Bps)
+            latency = max(lk.latency_seconds for lk in links)
+            link = slow if latency == slow.latency_seconds else Link(slow.name, slow.bandwidth_Bps, latency)
+        return GroupShape(members, by_node, tuple(tuple(sorted(position[r] for r in g)) for g in by_node),
+                          node_links, link)
 
     def for_collective(self, kind: str) -> Cluster:
         """The cluster with every link replaced by what ``kind`` sees of it (:meth:`Link.for_kind`).
@@ -163,18 +217,18 @@ class Cluster:
         (intra-node links of nodes holding two or more members, the network if it spans
         nodes). None for a group of one rank.
         """
-        groups = self.ranks_by_node(ranks)
-        links = [self.nodes[self.node_of(g[0])].intra_link for g in groups if len(g) > 1]
-        if len(groups) > 1:
-            links.append(self.network)
-        links = [lk for lk in links if lk is not None]
-        if not links:
-            return None
-        slow = min(links, key=lambda lk: lk.bandwidth_Bps)
-        latency = max(lk.latency_seconds for lk in links)
-        if latency == slow.latency_seconds:
-            return slow
-        return Link(slow.name, slow.bandwidth_Bps, latency)
+        return self.group_shape(ranks).link
+
+    def device_kinds(self) -> tuple[int, ...]:
+        """Each rank's kind of device, numbered in order of first appearance: ranks of one kind
+        have the same type and capabilities (peaks, memory, HBM bandwidth), so the cost model
+        prices them alike (:mod:`costmodel.classes`). Made once per cluster."""
+        if self._kinds is None:
+            index: dict[tuple, int] = {}
+            self._kinds = tuple(index.setdefault(
+                (d.type, tuple(sorted(d.peak_flops.items())), d.memory_bytes, d.hbm_bandwidth_Bps), len(index))
+                for d in self.devices)
+        return self._kinds
 
     # ---- capabilities ----------------------------------------------------------------------
     def peak_flops(self, rank: int, dtype: str = "fp32") -> float:

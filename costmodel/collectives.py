@@ -94,7 +94,7 @@ def collective_seconds(kind: str, piece_bytes: Sequence[float], cluster: Cluster
     if variant == "auto":
         return best_variant(kind, piece_bytes, cluster, ranks, send_matrix=send_matrix)[1]
     kind, variant, ranks = _check(kind, variant, piece_bytes, cluster, ranks)
-    pieces = [float(b) for b in piece_bytes]
+    pieces = list(map(float, piece_bytes))
     if len(ranks) <= 1 or (max(pieces) <= 0 and not _any(send_matrix)):
         return 0.0
     return _PRICERS[kind](variant, pieces, cluster.for_collective(runs_as(kind, variant)), list(ranks), send_matrix)
@@ -132,8 +132,8 @@ def best_variant(kind: str, piece_bytes: Sequence[float], cluster: Cluster,
     """The cheapest applicable variant and its seconds (ties go to the earlier variant)."""
     if kind not in AUTO_VARIANTS:
         raise ValueError(f"unknown collective {kind!r}; expected one of {', '.join(KINDS)}")
-    ranks = list(range(len(piece_bytes))) if ranks is None else list(ranks)
-    spans = len(cluster.ranks_by_node(ranks)) > 1
+    ranks = None if ranks is None else list(ranks)     # None: the first len(piece_bytes) ranks
+    spans = cluster.group_shape(range(len(piece_bytes)) if ranks is None else ranks).spans_nodes
     best: tuple[str, float] | None = None
     for v in variants or AUTO_VARIANTS[kind]:
         if v == "hierarchical" and not spans:
@@ -179,14 +179,14 @@ def _all_reduce(variant: str, pieces: list[float], cluster: Cluster, ranks: list
 
 
 def _hier_all_reduce(n: float, cluster: Cluster, ranks: list[int]) -> float:
-    groups = cluster.ranks_by_node(ranks)
+    shape = cluster.group_shape(ranks)
     intra = 0.0
-    for g in groups:
+    for g, link in zip(shape.by_node, shape.node_links):
         k = len(g)
         if k > 1:
-            a, bw = _ab(cluster.group_link(g))
+            a, bw = _ab(link)
             intra = max(intra, (k - 1) * a + (k - 1) / k * n / bw)
-    nodes = len(groups)
+    nodes = len(shape.by_node)
     inter = 0.0
     if nodes > 1:
         a, bw = _ab(cluster.network)
@@ -212,17 +212,18 @@ def _gather_like(variant: str, pieces: list[float], cluster: Cluster, ranks: lis
 
 
 def _hier_gather(m: float, cluster: Cluster, ranks: list[int]) -> float:
-    groups = cluster.ranks_by_node(ranks)
+    shape = cluster.group_shape(ranks)
+    groups = shape.by_node
     nodes, widest = len(groups), max(len(g) for g in groups)
     inter = 0.0
     if nodes > 1:
         a, bw = _ab(cluster.network)
         inter = (nodes - 1) * a + (nodes - 1) * widest * m / bw
     intra = 0.0
-    for g in groups:
+    for g, link in zip(groups, shape.node_links):
         k = len(g)
         if k > 1:
-            a, bw = _ab(cluster.group_link(g))
+            a, bw = _ab(link)
             intra = max(intra, (k - 1) * a + (k - 1) * nodes * m / bw)
     return inter + intra
 
@@ -236,11 +237,53 @@ def _one_to_all(variant: str, pieces: list[float], cluster: Cluster, ranks: list
     return _steps_log(p) * (a + n / bw)
 
 
+class OverlapSends(Sequence[tuple[float, ...]]):
+    """The send matrix of a re-sharding all-to-all, kept as its two factors.
+
+    When rank ``r`` holds ``before[r]`` bytes of a tensor cut one way and rank ``s`` wants
+    ``after[s]`` bytes of it cut another way, ``r`` sends ``s`` their overlap,
+    ``before[r] * after[s] / total`` (nothing to itself). Written out that is ``p^2`` numbers
+    (65,536 at 256 ranks, per move, per simulation); as factors the per-node sums that
+    :func:`collective_seconds` needs come in closed form, linear in ranks. It reads as the
+    matrix (rows on demand, equal to a tuple of tuples with the same entries) for any code that
+    wants the entries.
+    """
+
+    def __init__(self, before: Sequence[float], after: Sequence[float], total: float) -> None:
+        self.before, self.after, self.total = tuple(before), tuple(after), float(total)
+
+    def __len__(self) -> int:
+        return len(self.before)
+
+    def __getitem__(self, r):  # type: ignore[override]
+        if isinstance(r, slice):
+            return [self[i] for i in range(len(self))[r]]
+        b, full = self.before[r], self.total
+        return tuple(0.0 if r == s or full == 0 else b * a / full for s, a in enumerate(self.after))
+
+    def transposed(self) -> OverlapSends:
+        """What the backward sends: every piece back where it came from."""
+        return OverlapSends(self.after, self.before, self.total)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, OverlapSends):
+            return (self.before, self.after, self.total) == (other.before, other.after, other.total)
+        return isinstance(other, Sequence) and len(other) == len(self) and all(
+            tuple(row) == mine for row, mine in zip(other, self))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"OverlapSends({len(self)} ranks, {self.total:g} bytes)"
+
+
 def _all_to_all(variant: str, pieces: list[float], cluster: Cluster, ranks: list[int],
                 matrix: Sequence[Sequence[float]] | None) -> float:
     p = len(ranks)
     if matrix is None and variant != "tree":
         return _pairwise_uniform([x / p for x in pieces], cluster, ranks)
+    if isinstance(matrix, OverlapSends):
+        return _overlap_all_to_all(variant, matrix, cluster, ranks)
     if matrix is None:
         matrix = [[x / p if s != r else 0.0 for s in range(p)] for r, x in enumerate(pieces)]
     if variant == "tree":
@@ -249,6 +292,40 @@ def _all_to_all(variant: str, pieces: list[float], cluster: Cluster, ranks: list
         steps = _steps_log(p)
         return steps * (a + busiest / 2 / bw)
     return _pairwise(matrix, cluster, ranks)
+
+
+def _overlap_all_to_all(variant: str, sends: OverlapSends, cluster: Cluster, ranks: list[int]) -> float:
+    """:func:`_pairwise` (and the Bruck form) for an :class:`OverlapSends` matrix, in closed
+    form per node: with ``B`` and ``A`` the sums of ``before`` and ``after`` over a set of
+    ranks, rank ``i`` sends ``before[i] (A - after[i]) / total`` to the others of that set and
+    receives ``after[i] (B - before[i]) / total`` from them."""
+    p, full = len(ranks), sends.total
+    shape = cluster.group_shape(ranks)
+    if full == 0:
+        return 0.0
+    before, after = sends.before, sends.after
+    if variant == "tree":
+        a, bw = _ab(shape.link)
+        all_after = sum(after)
+        busiest = max(b * (all_after - x) / full for b, x in zip(before, after))
+        return _steps_log(p) * (a + busiest / 2 / bw)
+    all_before, all_after = sum(before), sum(after)
+    worst = 0.0
+    network = cluster.network
+    for positions, link in zip(shape.positions, shape.node_links):
+        node_before = sum(before[i] for i in positions)
+        node_after = sum(after[i] for i in positions)
+        if link is not None:
+            busiest = max(max(before[i] * (node_after - after[i]), after[i] * (node_before - before[i]))
+                          for i in positions) / full
+            if busiest > 0:
+                worst = max(worst, busiest / link.bandwidth_Bps)
+        if network is not None:
+            out = node_before * (all_after - node_after) / full
+            into = node_after * (all_before - node_before) / full
+            worst = max(worst, max(out, into) / network.bandwidth_Bps)
+    a, _ = _ab(shape.link)
+    return (p - 1) * a + worst
 
 
 def _pairwise(matrix: Sequence[Sequence[float]], cluster: Cluster, ranks: list[int]) -> float:
@@ -277,29 +354,26 @@ def _pairwise(matrix: Sequence[Sequence[float]], cluster: Cluster, ranks: list[i
 def _pairwise_uniform(share: list[float], cluster: Cluster, ranks: list[int]) -> float:
     """:func:`_pairwise` for a matrix whose row ``i`` sends ``share[i]`` to every other rank
     (an even all-to-all, an all-gather run as one): the same sums in closed form per node,
-    linear in ranks instead of quadratic (256 ranks priced in microseconds, not a second)."""
+    linear in nodes after one pass over the pieces (256 ranks priced in microseconds).
+
+    On a node with ``n`` members sending ``sent`` in all, member ``i`` sends ``share[i] (n-1)``
+    and receives ``sent - share[i]`` over the intra-node link, so the busiest member is the one
+    with the largest piece (sending) or the smallest (receiving)."""
     p = len(ranks)
-    node = [cluster.node_of(r) for r in ranks]
-    members: dict[int, int] = {}
-    sent: dict[int, float] = {}
-    for nd, x in zip(node, share):
-        members[nd] = members.get(nd, 0) + 1
-        sent[nd] = sent.get(nd, 0.0) + x
+    shape = cluster.group_shape(ranks)
     total = sum(share)
     worst = 0.0
-    for i in range(p):
-        nd = node[i]
-        out_intra = share[i] * (members[nd] - 1)
-        in_intra = sent[nd] - share[i]
-        link = cluster.nodes[nd].intra_link
-        if link is not None and max(out_intra, in_intra) > 0:
-            worst = max(worst, max(out_intra, in_intra) / link.bandwidth_Bps)
-    if cluster.network is not None:
-        for nd, n in members.items():
-            out = sent[nd] * (p - n)
-            into = (total - sent[nd]) * n
-            worst = max(worst, max(out, into) / cluster.network.bandwidth_Bps)
-    a, _ = _ab(cluster.group_link(ranks))
+    network = cluster.network
+    for positions, link in zip(shape.positions, shape.node_links):
+        pieces = [share[i] for i in positions]
+        n, sent = len(pieces), sum(pieces)
+        if link is not None:
+            busiest = max(max(pieces) * (n - 1), sent - min(pieces))
+            if busiest > 0:
+                worst = max(worst, busiest / link.bandwidth_Bps)
+        if network is not None:
+            worst = max(worst, max(sent * (p - n), (total - sent) * n) / network.bandwidth_Bps)
+    a, _ = _ab(shape.link)
     return (p - 1) * a + worst
 
 
@@ -310,15 +384,22 @@ _PRICERS = {"all_reduce": _all_reduce, "all_gather": _gather_like, "reduce_scatt
 def _check(kind: str, variant: str, piece_bytes: Sequence[float], cluster: Cluster,
            ranks: Sequence[int] | None) -> tuple[str, str, list[int]]:
     v = resolve_variant(kind, variant)
-    ranks = list(range(len(piece_bytes))) if ranks is None else list(ranks)
+    given = ranks is not None
+    ranks = list(ranks) if given else list(range(len(piece_bytes)))
     if len(ranks) != len(piece_bytes):
         raise ValueError(f"{kind}: {len(piece_bytes)} piece sizes for a group of {len(ranks)} ranks")
-    if len(set(ranks)) != len(ranks) or any(not 0 <= r < cluster.world for r in ranks):
+    if len(ranks) > cluster.world or given and (len(set(ranks)) != len(ranks) or
+                                                 any(not 0 <= r < cluster.world for r in ranks)):
         raise ValueError(f"{kind}: ranks {ranks} are not distinct ranks of a {cluster.world}-device cluster")
-    if any(b < 0 for b in piece_bytes):
+    if piece_bytes and min(piece_bytes) < 0:
         raise ValueError(f"{kind}: negative piece size in {list(piece_bytes)}")
     return kind, v, ranks
 
 
 def _any(matrix: Sequence[Sequence[float]] | None) -> bool:
+    if isinstance(matrix, OverlapSends):      # some r != s with before[r] * after[s] > 0
+        senders = [r for r, b in enumerate(matrix.before) if b > 0]
+        takers = [s for s, a in enumerate(matrix.after) if a > 0]
+        return matrix.total != 0 and bool(senders) and bool(takers) and \
+            (len(senders) > 1 or len(takers) > 1 or senders != takers)
     return matrix is not None and any(x > 0 for row in matrix for x in row)

@@ -111,12 +111,15 @@ def lower_bound_seconds(graph: Graph, cluster: Cluster) -> float:
     per-node division keeps the bound valid when efficiencies differ per class.
     """
     total = 0.0
+    peak_sum: dict[str, float] = {}      # the cluster's summed peak per dtype, once each
     for node in graph.nodes:
         cls = op_class(node.op)
         flops = node.cost.fwd_flops + node.cost.bwd_flops
         if cls == "view" or flops <= 0:
             continue
         dtype = peak_dtype(node, graph, cluster.allow_tf32)
-        cluster_flops = sum(d.flops(dtype) for d in cluster.devices) * cluster.efficiency[cls]
+        if dtype not in peak_sum:
+            peak_sum[dtype] = sum(d.flops(dtype) for d in cluster.devices)
+        cluster_flops = peak_sum[dtype] * cluster.efficiency[cls]
         total += flops / cluster_flops
     return total

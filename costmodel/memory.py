@@ -25,8 +25,9 @@ little lower: the estimate errs on the safe side, as a capacity check should.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from costmodel.classes import RankClasses, rank_classes
 from costmodel.cluster import Cluster
 from costmodel.opclass import op_class
 from costmodel.transfers import forward_move, local_bytes
@@ -91,9 +92,10 @@ class MemoryReport:
         head = f"{'rank':>4} {'device':<12} {'params':>8} {'grads':>8} {'optim':>8} {'activ':>8} " \
                f"{'comm':>8} {'total':>8} {'capacity':>8}  (GB)"
         rows = [head]
+        fits, missing = self.fits, self.missing_bytes()        # once, not once per row
         for r, d in enumerate(self.devices):
             cap = f"{self.capacity_bytes[r] / 1e9:8.2f}" if self.capacity_bytes else f"{'-':>8}"
-            flag = "" if self.fits[r] else f"  short by {self.missing_bytes()[r] / 1e9:.2f} GB"
+            flag = "" if fits[r] else f"  short by {missing[r] / 1e9:.2f} GB"
             name = self.names[r] if r < len(self.names) else ""
             rows.append(f"{r:>4} {name:<12} " + " ".join(f"{getattr(d, p) / 1e9:8.3f}" for p in PARTS)
                         + f" {d.total_bytes / 1e9:8.3f} {cap}{flag}")
@@ -117,21 +119,29 @@ def optimizer_copies(optimizer: str | int) -> int:
 
 
 def program_memory(program: DistProgram, cluster: Cluster | None = None,
-                   optimizer: str | int = "adamw") -> MemoryReport:
-    """Predicted bytes per device of ``program`` (see the module docstring for each part)."""
-    world = program.world
+                   optimizer: str | int = "adamw", classes: RankClasses | None = None) -> MemoryReport:
+    """Predicted bytes per device of ``program`` (see the module docstring for each part).
+
+    Computed once per class of ranks the model cannot tell apart (``classes``, found from the
+    program and cluster when not given; see :mod:`costmodel.classes`) and copied to the
+    members: the same numbers as rank by rank."""
     graph = program.graph
     copies = optimizer_copies(optimizer)
-    mem = [DeviceMemory() for _ in range(world)]
+    if classes is None:
+        classes = rank_classes(program, cluster)
+    reps = classes.representatives
+    lanes = classes.count
+    mem = [DeviceMemory() for _ in range(lanes)]
     # Running sums per part as plain lists (set on the DeviceMemory objects at the end): the
     # same additions in the same order, without an attribute lookup per rank per value.
-    sums = {part: [0.0] * world for part in ("params_bytes", "grads_bytes", "optimizer_bytes",
+    sums = {part: [0.0] * lanes for part in ("params_bytes", "grads_bytes", "optimizer_bytes",
                                              "activations_bytes")}
 
-    def add(part: str, amounts: Sequence[float]) -> None:
+    def add(part: str, amounts: Sequence[float], times: float | None = None) -> None:
+        """Add each class's amount (``times`` it, when given) to ``part``."""
         acc = sums[part]
-        for r in range(world):
-            acc[r] += amounts[r]
+        for c, r in enumerate(reps):
+            acc[c] += amounts[r] if times is None else times * amounts[r]
 
     for name in graph.params + graph.buffers:
         layout = program.source_layouts.get(name, Replicate())
@@ -139,7 +149,7 @@ def program_memory(program: DistProgram, cluster: Cluster | None = None,
         add("params_bytes", piece)
         if graph.values[name].requires_grad:
             add("grads_bytes", piece)
-            add("optimizer_bytes", [copies * x for x in piece])
+            add("optimizer_bytes", piece, copies)
     for name in graph.inputs:
         add("activations_bytes", local_bytes(program, name, program.source_layouts.get(name, Replicate())))
 
@@ -154,10 +164,11 @@ def program_memory(program: DistProgram, cluster: Cluster | None = None,
                 add("activations_bytes", local_bytes(program, out, layout))
             _add_autocast_copies(program, node, step, cast_params, add)
         elif isinstance(step, Redistribute):
-            _add_redistribute(program, step, mem, sums["activations_bytes"])
+            _add_redistribute(program, step, mem, sums["activations_bytes"], reps)
     for part, acc in sums.items():
         for m, total in zip(mem, acc):
             setattr(m, part, total)
+    mem = [replace(m) for m in classes.expand(mem)]     # one object per device, as callers expect
 
     capacity = cluster.memory_bytes() if cluster is not None else None
     names = [d.type for d in cluster.devices] if cluster is not None else []
@@ -188,23 +199,24 @@ def _add_autocast_copies(program: DistProgram, node, step: Compute, seen: set[st
         v = graph.values[ref]
         if v.kind == "param" and v.meta.dtype == "float32" and ref not in seen:
             seen.add(ref)
-            add("activations_bytes", [x / 2 for x in local_bytes(program, ref, layout)])
+            add("activations_bytes", local_bytes(program, ref, layout), 0.5)
 
 
 def _add_redistribute(program: DistProgram, step: Redistribute, mem: list[DeviceMemory],
-                      activations_bytes: list[float]) -> None:
+                      activations_bytes: list[float], reps: Sequence[int]) -> None:
+    """``mem`` and ``activations_bytes`` hold one entry per class, for the ranks ``reps``."""
     move = forward_move(program, step)
     if move is None:
         return       # nothing moves; a slice is a view of a value already counted
     out = local_bytes(program, step.out, step.dst_layout)
     if program.graph.values[step.src.split("@", 1)[0]].requires_grad:
-        for r in range(len(mem)):
-            activations_bytes[r] += out[r]
+        for c, r in enumerate(reps):
+            activations_bytes[c] += out[r]
     if move.kind == "local":
         return
-    buffer = list(out)
+    buffer = [out[r] for r in reps]
     if move.kind == "all_gather" and isinstance(step.src_layout, Shard):
         padded = max(move.piece_bytes) * program.world     # NCCL wants equal pieces
         buffer = [max(b, padded) for b in buffer]
-    for r, m in enumerate(mem):
-        m.comm_buffer_bytes = max(m.comm_buffer_bytes, buffer[r])
+    for c, m in enumerate(mem):
+        m.comm_buffer_bytes = max(m.comm_buffer_bytes, buffer[c])

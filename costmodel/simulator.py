@@ -21,7 +21,10 @@ The model is bulk-synchronous, as an SPMD program with blocking collectives is:
 4. **Optimizer step** on each rank's local parameters once all gradients are synchronised:
    memory-bound (AdamW reads parameter, gradient and two moments and writes three).
 
-Per rank, compute + communication + idle = the iteration time. A Redistribute's method
+Per rank, compute + communication + idle = the iteration time. Ranks the model cannot tell
+apart (same device, same piece lengths; :mod:`costmodel.classes`) share one timeline, so a
+simulation costs the number of classes, not of devices (3 timelines for 256 GPUs of two kinds),
+and gives every rank exactly the numbers a timeline of its own would. A Redistribute's method
 ``"auto"`` picks the cheapest collective variant (:func:`costmodel.collectives.best_variant`).
 
 Per-rank work of a ``Compute``: the fraction of the op a rank holds is its local length over
@@ -35,10 +38,11 @@ millisecond apiece with gloo.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from costmodel.classes import rank_classes
 from costmodel.cluster import Cluster, load_cluster
 from costmodel.collectives import best_variant, collective_seconds, dual_variant, resolve_variant
 from costmodel.compute import ComputeTime, lower_bound_seconds, node_seconds
@@ -119,12 +123,13 @@ class SimResult:
             (f"{'rank':>4} {'node':>4} {'device':<12} {'share':>6} {'compute ms':>11} {'comm ms':>9} "
              f"{'idle ms':>9} {'memory GB':>10} {'of GB':>7}"),
         ]
+        fits, peaks = self.memory.fits, self.peak_memory_bytes      # once, not once per row
         for r, dev in enumerate(self.cluster.devices):
-            fit = "" if self.memory.fits[r] else "  (does not fit)"
+            fit = "" if fits[r] else "  (does not fit)"
             lines.append(
                 f"{r:>4} {dev.node:>4} {dev.type:<12} {self.shares[r]:6.3f} {self.compute_seconds[r] * ms:11.3f} "
                 f"{self.comm_seconds[r] * ms:9.3f} {self.idle_seconds[r] * ms:9.3f} "
-                f"{self.peak_memory_bytes[r] / 1e9:10.3f} {dev.memory_bytes / 1e9:7.1f}{fit}")
+                f"{peaks[r] / 1e9:10.3f} {dev.memory_bytes / 1e9:7.1f}{fit}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -135,13 +140,14 @@ class SimResult:
 
 
 class _Clock:
-    """Per-rank timelines plus the one network channel shared by all collectives."""
+    """Timelines, one per class of alike ranks (:mod:`costmodel.classes`), plus the one
+    network channel shared by all collectives."""
 
-    def __init__(self, world: int) -> None:
-        self.t = [0.0] * world
-        self.compute = [0.0] * world
-        self.comm = [0.0] * world
-        self.idle = [0.0] * world
+    def __init__(self, lanes: int) -> None:
+        self.t = [0.0] * lanes
+        self.compute = [0.0] * lanes
+        self.comm = [0.0] * lanes
+        self.idle = [0.0] * lanes
         self.channel_free = 0.0
         self.events: list[Event] = []
 
@@ -179,22 +185,27 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
     graph = program.graph
     nodes = {n.name: n for n in graph.nodes}
     world = program.world
-    clock = _Clock(world)
+    # One timeline per class of ranks the model cannot tell apart (costmodel.classes), copied
+    # to every member at the end: the same floats as one timeline per rank.
+    classes = rank_classes(program, cluster)
+    reps = classes.representatives
+    clock = _Clock(classes.count)
     cache: dict[tuple, ComputeTime] = {}
     backward_times: dict[int, list[float]] = {}
 
     # Ranks with equal capabilities (and measured op table, which goes by type) compute alike:
-    # one key per rank, made once.
-    device_keys = [(d.type, tuple(d.peak_flops.values()), d.hbm_bandwidth_Bps) for d in cluster.devices]
+    # one key per class, made once.
+    device_keys = [(d.type, tuple(d.peak_flops.values()), d.hbm_bandwidth_Bps)
+                   for d in classes.pick(cluster.devices)]
 
     def times(step: Compute) -> list[ComputeTime]:
         node = nodes[step.node]
         out = []
-        for r, frac in enumerate(_fractions(program, step, node.outputs)):
-            key = (step.node, frac, device_keys[r])
+        for c, frac in enumerate(_fractions(program, step, node.outputs, reps)):
+            key = (step.node, frac, device_keys[c])
             hit = cache.get(key)
             if hit is None:
-                hit = cache[key] = node_seconds(node, graph, cluster.devices[r], cluster, frac)
+                hit = cache[key] = node_seconds(node, graph, cluster.devices[reps[c]], cluster, frac)
             out.append(hit)
         return out
 
@@ -207,7 +218,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
             clock.work([t.fwd_seconds for t in ts], "fwd", step.node, nodes[step.node].op)
             _run_internal(clock, cluster, step, nodes[step.node], graph, "fwd")
         else:
-            chosen[i] = _run_move(clock, cluster, forward_move(program, step), step, "fwd", step.method)
+            chosen[i] = _run_move(clock, cluster, forward_move(program, step), step, "fwd", step.method, reps)
     forward_end = max(clock.t)
 
     # 2-3. backward, with gradient all-reduces of Replicate parameters as they complete
@@ -225,7 +236,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
         clock.channel_free = start + seconds
         # What compute cannot hide takes the ranks' own time (gloo on the cores that compute).
         blocked = (1.0 - cluster.comm_overlap) * seconds
-        for r in range(world):
+        for r in range(classes.count):
             clock.t[r] += blocked
             clock.comm[r] += blocked
         sync_total += seconds
@@ -241,7 +252,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
             if step.strategy.local == SFB_LOCAL and world > 1:
                 _factor_gather(clock, cluster, program, step, nodes[step.node])
         else:
-            _run_move(clock, cluster, backward_move(program, step), step, "bwd", chosen.get(i, step.method))
+            _run_move(clock, cluster, backward_move(program, step), step, "bwd", chosen.get(i, step.method), reps)
         for param in ready_at.get(i, []):
             bucket.append(param)
             bucket_size += local_bytes(program, param, Replicate())[0]
@@ -253,7 +264,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
     # Wait for the last gradient all-reduce: covered time is communication, gaps are idle.
     sync_events = [e for e in clock.events if e.phase == "grad_sync"]
     end = max([clock.channel_free, *clock.t]) if sync_events else max(clock.t)
-    for r in range(world):
+    for r in range(classes.count):
         if clock.t[r] < end and sync_events:
             covered = sum(max(0.0, min(e.end_seconds, end) - max(e.start_seconds, clock.t[r])) for e in sync_events)
             clock.comm[r] += covered
@@ -262,34 +273,40 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
     exposed = max(0.0, end - backward_end) if sync_events else 0.0
 
     # 4. optimizer step
-    clock.work(_optimizer_seconds(program, cluster, optimizer), "optimizer", "optimizer step", "elementwise")
+    clock.work(_optimizer_seconds(program, cluster, optimizer, reps), "optimizer", "optimizer step", "elementwise")
 
     iteration = max(clock.t)
-    for r in range(world):
+    for r in range(classes.count):
         clock.idle[r] += iteration - clock.t[r]
     return SimResult(
         cluster=cluster, shares=tuple(program.shares), iteration_seconds=iteration,
-        compute_seconds=clock.compute, comm_seconds=clock.comm, idle_seconds=clock.idle,
+        compute_seconds=classes.expand(clock.compute), comm_seconds=classes.expand(clock.comm),
+        idle_seconds=classes.expand(clock.idle),
         forward_seconds=forward_end, backward_seconds=backward_end - forward_end,
         grad_sync_seconds=sync_total, exposed_grad_sync_seconds=exposed,
         lower_bound_seconds=lower_bound_seconds(graph, cluster),
-        memory=program_memory(program, cluster, optimizer), events=clock.events)
+        memory=program_memory(program, cluster, optimizer, classes), events=clock.events)
 
 
-def _fractions(program: DistProgram, step: Compute, outputs: tuple[str, ...]) -> list[float]:
-    """Each rank's share of a Compute's work: local over global length of its sharded dimension."""
+def _fractions(program: DistProgram, step: Compute, outputs: tuple[str, ...],
+               ranks: Sequence[int] | None = None) -> list[float]:
+    """Each of ``ranks``' (default: every rank's) share of a Compute's work: local over global
+    length of its sharded dimension."""
+    if ranks is None:
+        ranks = range(program.world)
     pairs = list(zip(step.inputs, step.strategy.inputs)) + list(zip(outputs, step.strategy.outputs))
     for name, layout in pairs:
         if isinstance(layout, Shard):
             d = program._dim(name, layout.dim)
             length = program.shape(name)[d]
             if length > 0:
-                return [n / length for n in program.lengths(name, d)]
-    return [1.0] * program.world
+                lengths = program.lengths(name, d)
+                return [lengths[r] / length for r in ranks]
+    return [1.0] * len(ranks)
 
 
 def _run_move(clock: _Clock, cluster: Cluster, move: Move | None, step: Redistribute, phase: str,
-              method: str) -> str:
+              method: str, reps: Sequence[int]) -> str:
     """Price one move; returns the variant it ran ("auto" for none).
 
     The backward runs the variant its forward ran (``method``), as the emitted program's
@@ -300,8 +317,9 @@ def _run_move(clock: _Clock, cluster: Cluster, move: Move | None, step: Redistri
         return "auto"
     label = f"{step.src}: {step.src_layout!r} -> {step.dst_layout!r}"
     if move.kind == "local":
-        hbm = [d.hbm_bandwidth_Bps * cluster.efficiency["hbm"] for d in cluster.devices]
-        clock.work([b / bw for b, bw in zip(move.piece_bytes, hbm)], phase, label, "local")
+        hbm = cluster.efficiency["hbm"]
+        clock.work([move.piece_bytes[r] / (cluster.devices[r].hbm_bandwidth_Bps * hbm) for r in reps],
+                   phase, label, "local")
         return "auto"
     matrix = move.send_matrix
     if phase == "bwd":
@@ -375,7 +393,8 @@ def _factor_gather(clock: _Clock, cluster: Cluster, program: DistProgram, step: 
         clock.collective(seconds, "bwd", f"{step.node}: sufficient factors", "all_gather", variant)
 
 
-def _optimizer_seconds(program: DistProgram, cluster: Cluster, optimizer: str | int) -> list[float]:
+def _optimizer_seconds(program: DistProgram, cluster: Cluster, optimizer: str | int,
+                       reps: Sequence[int]) -> list[float]:
     """Memory-bound update of each rank's local trainable parameters.
 
     Per element it reads the parameter, its gradient and each state copy, and writes the
@@ -383,14 +402,15 @@ def _optimizer_seconds(program: DistProgram, cluster: Cluster, optimizer: str | 
     """
     accesses = 3 + 2 * optimizer_copies(optimizer)
     graph = program.graph
-    local = [0.0] * program.world
+    local = [0.0] * len(reps)
     for p in graph.params:
         if graph.values[p].requires_grad:
-            for r, b in enumerate(local_bytes(program, p, program.source_layouts.get(p, Replicate()))):
-                local[r] += b
+            pieces = local_bytes(program, p, program.source_layouts.get(p, Replicate()))
+            for c, r in enumerate(reps):
+                local[c] += pieces[r]
     out = []
-    for r, dev in enumerate(cluster.devices):
-        nbytes = local[r] * accesses
+    for c, dev in enumerate(cluster.devices[r] for r in reps):
+        nbytes = local[c] * accesses
         bw = dev.hbm_bandwidth_Bps * cluster.efficiency["hbm"]
         out.append(nbytes / bw + (cluster.launch_latency_seconds if nbytes > 0 else 0.0))
     return out

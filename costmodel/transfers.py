@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from costmodel.collectives import OverlapSends
 from hapc.ir.graph import DTYPE_BYTES, TensorMeta
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import DistProgram, Redistribute
@@ -36,7 +37,7 @@ class Move:
 
     kind: str                                      # a costmodel.collectives kind, or "local"
     piece_bytes: tuple[float, ...]                 # per rank (see collective_seconds)
-    send_matrix: tuple[tuple[float, ...], ...] | None = None
+    send_matrix: OverlapSends | None = None          # all_to_all: bytes from rank r to rank s
 
 
 def meta_of(program: DistProgram, name: str) -> TensorMeta:
@@ -54,11 +55,7 @@ def local_bytes(program: DistProgram, name: str, layout: Layout) -> list[float]:
     full = float(meta.numel * DTYPE_BYTES.get(meta.dtype, 4))
     if not isinstance(layout, Shard):
         return [full] * program.world
-    d = program._dim(name, layout.dim)
-    length = meta.shape[d]
-    if length == 0:
-        return [0.0] * program.world
-    return [full * n / length for n in program.lengths(name, d)]
+    return program.piece_bytes(name, layout.dim, full)
 
 
 def forward_move(program: DistProgram, step: Redistribute) -> Move | None:
@@ -83,8 +80,7 @@ def backward_move(program: DistProgram, step: Redistribute) -> Move | None:
     if isinstance(src, Shard) and isinstance(dst, Shard):
         fwd = _move(program, step.src, step.out, src, dst)
         assert fwd is not None and fwd.send_matrix is not None
-        matrix = tuple(zip(*fwd.send_matrix))
-        return Move("all_to_all", tuple(local_bytes(program, step.out, dst)), matrix)
+        return Move("all_to_all", tuple(local_bytes(program, step.out, dst)), fwd.send_matrix.transposed())
     if isinstance(src, Replicate) and isinstance(dst, Shard):      # slice; its dual pads (S -> P)
         return _local(program, step.src, zero_rank=None)
     if isinstance(src, Shard) and isinstance(dst, Partial):        # pad; its dual slices
@@ -108,9 +104,7 @@ def _move(program: DistProgram, src_name: str, out_name: str, src: Layout, dst: 
         full = float(sum(before))
         after = local_bytes(program, out_name, dst)
         # Rank r holds its src piece; rank s wants its dst piece: the overlap is their product.
-        matrix = tuple(tuple(0.0 if r == s or full == 0 else b * a / full for s, a in enumerate(after))
-                       for r, b in enumerate(before))
-        return Move("all_to_all", tuple(before), matrix)
+        return Move("all_to_all", tuple(before), OverlapSends(before, after, full))
     if isinstance(src, Replicate) and isinstance(dst, Shard):
         return None                                                # a view of the local copy
     if isinstance(src, Shard) and isinstance(dst, Partial):

@@ -27,13 +27,14 @@ def facts(plan: Plan) -> dict:
     """What both renderings show, as plain numbers (milliseconds, gigabytes)."""
     sim = plan.sim
     devices = []
+    totals, fits = sim.memory.totals, sim.memory.fits        # once, not once per device
     for rank, dev in enumerate(plan.cluster.devices):
-        used, capacity = sim.memory.totals[rank], dev.memory_bytes
+        used, capacity = totals[rank], dev.memory_bytes
         devices.append({
             "rank": rank, "node": dev.node, "device": dev.type, "share": plan.ratios[rank],
             "compute_ms": sim.compute_seconds[rank] * MS, "comm_ms": sim.comm_seconds[rank] * MS,
             "idle_ms": sim.idle_seconds[rank] * MS, "memory_GB": used / GB, "capacity_GB": capacity / GB,
-            "memory_used": used / capacity if capacity else float("nan"), "fits": sim.memory.fits[rank],
+            "memory_used": used / capacity if capacity else float("nan"), "fits": fits[rank],
         })
     model = Path(str(plan.model.get("file") or "model")).name
     return {

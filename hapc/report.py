@@ -53,12 +53,14 @@ def _measured_line(plan: Plan) -> str:
 
 
 def write_report(plan: Plan, out_dir: str | Path) -> Path:
-    """``report.md`` with the summary, the layout of every collective, and ``report.png``."""
+    """``report.md`` with the summary, the layout of every collective, and ``report.svg``
+    (written as text by :mod:`hapc.chart_svg`: no matplotlib in ``hapc compile``)."""
+    from hapc.chart_svg import write_svg_chart
+
     out = Path(out_dir)
-    chart = _chart(plan, out / "report.png")
+    write_svg_chart(plan, out / "report.svg")
     lines = ["# hapc plan report", "", "```", summary_text(plan), "```", ""]
-    if chart:
-        lines += ["![per-device time and memory](report.png)", ""]
+    lines += ["![per-device time and memory](report.svg)", ""]
     lines += ["## Layout changes (collectives)", "", "| value | from | to | method |", "|---|---|---|---|"]
     for value, src, dst, method in plan.collectives():
         lines.append(f"| `{value}` | {src} | {dst} | {method} |")
@@ -99,8 +101,6 @@ def _chart(plan: Plan, path: Path | BinaryIO) -> bool:
         stage_of = {r: k for k, st in enumerate(plan.pipeline.stages) for r in st.ranks}
         labels = [f"{label} stage {stage_of[r]}" if r in stage_of else f"{label} idle"
                   for r, label in zip(ranks, labels)]
-    fig = Figure(figsize=(max(8, 0.5 * len(ranks) + 4), 4))
-    ax_t, ax_m = fig.subplots(1, 2)
     ms = [x * 1e3 for x in sim.compute_seconds]
     cm = [x * 1e3 for x in sim.comm_seconds]
     idle = [x * 1e3 for x in sim.idle_seconds]
@@ -108,6 +108,14 @@ def _chart(plan: Plan, path: Path | BinaryIO) -> bool:
         from hapc.pipeline_report import stage_time_split
 
         ms, cm, idle = stage_time_split(plan)
+    memory = [b / 1e9 for b in plan.memory]
+    capacity = [d.memory_bytes / 1e9 for d in plan.cluster.devices]
+    if len(ranks) > _BARS_BEFORE_GROUPING:     # one bar per run of ranks with equal figures
+        firsts, labels = _rank_runs(labels, ms, cm, idle, memory, capacity)
+        ms, cm, idle, memory, capacity = ([xs[r] for r in firsts] for xs in (ms, cm, idle, memory, capacity))
+    ranks = list(range(len(ms)))
+    fig = Figure(figsize=(max(8, 0.5 * len(ranks) + 4), 4))
+    ax_t, ax_m = fig.subplots(1, 2)
     ax_t.bar(ranks, ms, label="compute" if plan.pipeline is None else "stage work (all micro-batches)")
     ax_t.bar(ranks, cm, bottom=ms, label="communication" if plan.pipeline is None else "gradient sync + optimizer")
     ax_t.bar(ranks, idle, bottom=[a + b for a, b in zip(ms, cm)],
@@ -115,8 +123,8 @@ def _chart(plan: Plan, path: Path | BinaryIO) -> bool:
     ax_t.set_ylabel("ms per iteration")
     ax_t.set_title("time per device" if plan.pipeline is None else "time per device by pipeline stage")
     ax_t.legend(fontsize=8)
-    ax_m.bar(ranks, [b / 1e9 for b in plan.memory], label="predicted peak")
-    ax_m.plot(ranks, [d.memory_bytes / 1e9 for d in plan.cluster.devices], "r_", markersize=20, label="capacity")
+    ax_m.bar(ranks, memory, label="predicted peak")
+    ax_m.plot(ranks, capacity, "r_", markersize=20, label="capacity")
     ax_m.set_ylabel("GB")
     ax_m.set_title("memory per device")
     ax_m.legend(fontsize=8)
@@ -126,3 +134,19 @@ def _chart(plan: Plan, path: Path | BinaryIO) -> bool:
     fig.tight_layout()
     fig.savefig(path, dpi=100, format="png")
     return True
+
+
+# Up to this many devices the chart has one bar per rank; beyond, one per run of consecutive
+# ranks with the same device and the same figures (256 bars took longer to draw than the plan
+# took to find, and no one reads them).
+_BARS_BEFORE_GROUPING = 32
+
+
+def _rank_runs(labels: list[str], *per_rank: list[float]) -> tuple[list[int], list[str]]:
+    """First rank and label of each run of consecutive ranks whose device type and figures
+    are all equal: ``"0-127:A100-80GB"``."""
+    key = [(label.split(":", 1)[1], *(xs[r] for xs in per_rank)) for r, label in enumerate(labels)]
+    firsts = [r for r in range(len(key)) if r == 0 or key[r] != key[r - 1]]
+    ends = [*firsts[1:], len(key)]
+    out = [labels[a] if b - a == 1 else f"{a}-{b - 1}:{labels[a].split(':', 1)[1]}" for a, b in zip(firsts, ends)]
+    return firsts, out

@@ -218,14 +218,24 @@ def _cvxpy(lp: _LP) -> _Result:
     return "optimal", np.asarray(x.value), np.abs(np.asarray(ub.dual_value))
 
 
+def _highspy(lp: _LP) -> _Result:
+    """HiGHS without importing scipy.optimize (``hapc replan``'s start-up): see synth.lp_highspy."""
+    from synth import lp_highspy
+
+    if not lp_highspy.available():
+        raise BackendUnavailable("highspy is not installed")
+    return lp_highspy.solve(lp)
+
+
 _Solver = Callable[[_LP], _Result]
-_BACKENDS: dict[str, _Solver] = {"highs": _highs, "pulp": _pulp, "cvxpy": _cvxpy}
+_BACKENDS: dict[str, _Solver] = {"highs": _highs, "pulp": _pulp, "cvxpy": _cvxpy, "highspy": _highspy}
 
 
 def available_backends() -> list[str]:
     """The backends that can run here (tests skip the others, saying why)."""
     out = ["highs"]
-    for name, probe in (("pulp", lambda: __import__("pulp")), ("cvxpy", _cvxpy_solver)):
+    for name, probe in (("pulp", lambda: __import__("pulp")), ("cvxpy", _cvxpy_solver),
+                        ("highspy", lambda: __import__("highspy._core"))):
         try:
             probe()
         except (ImportError, BackendUnavailable):
@@ -244,7 +254,13 @@ def solve_shares(problem: ShareProblem, backend: str = "highs") -> ShareSolution
     """
     if backend not in _BACKENDS:
         raise ValueError(f"unknown LP backend {backend!r}; choose from {sorted(_BACKENDS)}")
-    p, solve, rows = problem, _BACKENDS[backend], _Rows(problem)
+    return _solve_shares(problem, backend, device_classes(problem))
+
+
+def _solve_shares(problem: ShareProblem, backend: str, classes: list[list[int]]) -> ShareSolution:
+    """:func:`solve_shares` with one share variable per class of ``classes`` (singletons: the
+    per-device LP, which tests compare with)."""
+    p, solve, rows = _per_class(problem, classes), _BACKENDS[backend], _Rows(problem, classes)
     n_dev, ns = p.devices, rows.ns
     level = np.full(n_dev, np.nan)  # leximin time fixed for each device (scaled seconds)
     round_of = np.full(n_dev, -1)  # the LP round that fixed it: devices at one level
@@ -256,7 +272,7 @@ def solve_shares(problem: ShareProblem, backend: str = "highs") -> ShareSolution
                                          [-np.inf], [np.inf]))
         if status == "infeasible":
             if free.all():
-                raise _memory_infeasible(p, rows, solve)
+                raise _memory_infeasible(problem, rows, solve)
             if relax > 1e-6:
                 raise RuntimeError(f"ratio LP lost feasibility while fixing levels ({backend})")
             relax = max(relax * 10, 1e-12)  # the solver's last digits; rarely needed
@@ -277,10 +293,58 @@ def solve_shares(problem: ShareProblem, backend: str = "highs") -> ShareSolution
     shares = np.clip(shares, rows.lower, rows.upper).reshape(p.segments, n_dev)
     shares[np.abs(shares) < 1e-12] = 0.0  # solver dust
     shares = np.vectorize(lambda v: float(f"{v:.{_DIGITS}g}") + 0.0)(shares)
+    shares = shares[:, _class_of(classes, problem.devices)]      # every device its class's share
     shares.setflags(write=False)
-    seconds = p.device_seconds(shares)
-    return ShareSolution(shares, float(seconds.max()), seconds, p.device_bytes(shares),
-                         backend, "optimal", tuple(p.device_names))
+    seconds = problem.device_seconds(shares)
+    return ShareSolution(shares, float(seconds.max()), seconds, problem.device_bytes(shares),
+                         backend, "optimal", tuple(problem.device_names))
+
+
+def device_classes(problem: ShareProblem) -> list[list[int]]:
+    """Devices the LP cannot tell apart, in order of first appearance: equal time, memory,
+    capacity and has-work columns (exactly equal floats).
+
+    The LP gets one share variable per class, standing for every member's (equal) share.
+    This loses nothing. The feasible set is convex and symmetric under swapping two devices
+    of a class, and so is every objective of the leximin sequence; averaging a solution over
+    those swaps gives a feasible point with equal shares inside each class whose time vector
+    is no worse at any level (each time is affine in the shares). The leximin time vector is
+    moreover unique, so identical devices end at equal times, hence (where time grows with
+    share) at equal shares: the per-class LP finds the very point the per-device LP would.
+    Only where the tie-break has to choose among equally good points may it choose another
+    of them (the symmetric one). On 256 devices of two kinds the LP has 2 variables, not 256.
+    """
+    key_of: dict[tuple, int] = {}
+    classes: list[list[int]] = []
+    for r in range(problem.devices):
+        key = (problem.a[:, r].tobytes(), float(problem.b[r]), problem.m[:, r].tobytes(), float(problem.c[r]),
+               float(problem.capacity[r]), problem.has_work[:, r].tobytes())
+        c = key_of.setdefault(key, len(classes))
+        if c == len(classes):
+            classes.append([])
+        classes[c].append(r)
+    return classes
+
+
+def _class_of(classes: list[list[int]], devices: int) -> np.ndarray:
+    out = np.zeros(devices, dtype=int)
+    for c, members in enumerate(classes):
+        out[members] = c
+    return out
+
+
+def _per_class(p: ShareProblem, classes: list[list[int]]) -> ShareProblem:
+    """The problem over one representative per class (the first member); :class:`_Rows`
+    weighs each column by its class's size."""
+    first = [members[0] for members in classes]
+    if len(first) == p.devices:
+        return p
+    reduced = object.__new__(ShareProblem)      # already validated as a whole; a slice of it
+    for name, value in (("a", p.a[:, first]), ("b", p.b[first]), ("m", p.m[:, first]), ("c", p.c[first]),
+                        ("capacity", p.capacity[first]), ("has_work", p.has_work[:, first]),
+                        ("device_names", tuple(p.device_names[r] for r in first)), ("min_share", p.min_share)):
+        object.__setattr__(reduced, name, value)
+    return reduced
 
 
 class _Rows:
@@ -288,15 +352,19 @@ class _Rows:
     scaled so the largest coefficient is 1, memory in units of the
     largest capacity (one row per capped device)."""
 
-    def __init__(self, p: ShareProblem) -> None:
+    def __init__(self, whole: ShareProblem, classes: list[list[int]]) -> None:
+        p = _per_class(whole, classes)
         k_seg, n_dev = p.a.shape
         self.ns = ns = k_seg * n_dev
+        # Each column is a class of identical devices; ``count`` of them share its variable.
+        self.count = np.array([len(members) for members in classes], dtype=float)
+        self.members = classes          # the device indices of each class
         scale = max(float(p.a.max()), float(p.b.max())) or 1.0
         self.b = p.b / scale
         self.time = np.zeros((n_dev, ns))
         self.eq = np.zeros((k_seg, ns))
         for k in range(k_seg):
-            self.eq[k, k * n_dev:(k + 1) * n_dev] = 1.0
+            self.eq[k, k * n_dev:(k + 1) * n_dev] = self.count
             self.time[np.arange(n_dev), k * n_dev + np.arange(n_dev)] = p.a[k] / scale
         self.limited = [r for r in range(n_dev) if np.isfinite(p.capacity[r])]
         # Memory rows in units of the largest capacity, so that they are O(1) for a 2 KB device as
@@ -314,7 +382,7 @@ class _Rows:
             zero_cost = p.has_work[k] & (p.a[k] == 0)
             speed = zero_cost if zero_cost.any() else \
                 np.where(p.has_work[k], 1.0 / np.where(p.a[k] > 0, p.a[k], 1.0), 0.0)
-            ref[k] = speed / speed.sum()
+            ref[k] = speed / (speed * self.count).sum()
         self.reference = ref.ravel()
 
     def lp(self, extra_cost, ub, extra_lower, extra_upper, memory_rows: bool = True) -> _LP:
@@ -342,7 +410,8 @@ def _closest_to_reference(rows: _Rows, level: np.ndarray, solve: _Solver) -> np.
     weighted distance unchanged: the optimum is one point, whatever the solver.
     """
     ns, eye = rows.ns, np.eye(rows.ns)
-    status, x, _ = solve(rows.lp(1.0 + np.sqrt(_primes(ns)) / 1000, [
+    weights = np.tile(rows.count, ns // len(rows.count)) * (1.0 + np.sqrt(_primes(ns)) / 1000)
+    status, x, _ = solve(rows.lp(weights, [
         (rows.time, np.zeros((len(level), ns)), level - rows.b),
         (eye, -eye, rows.reference), (-eye, -eye, -rows.reference)],
         np.zeros(ns), np.full(ns, np.inf)))
@@ -397,20 +466,22 @@ def _memory_infeasible(p: ShareProblem, rows: _Rows, solve: _Solver) -> MemoryIn
     """Why nothing fits: the least total overflow (GB, one variable per capped device), then,
     at that total, the most even spread of it, so the message names one answer."""
     n_lim, eye, zero = len(rows.limited), np.eye(len(rows.limited)), np.zeros
-    status, x, _ = solve(rows.lp(np.ones(n_lim), [(rows.mem_a, -eye, rows.mem_cap)],
+    count = rows.count[rows.limited]       # a class's overflow is each of its members'
+    status, x, _ = solve(rows.lp(count, [(rows.mem_a, -eye, rows.mem_cap)],
                                  zero(n_lim), np.full(n_lim, np.inf), memory_rows=False))
     if status == "optimal":  # second variable block: z >= every overflow
-        total = x[rows.ns:].sum()
+        total = float(count @ x[rows.ns:])
         status, x, _ = solve(rows.lp(np.eye(n_lim + 1)[n_lim], [
             (rows.mem_a, np.hstack([-eye, zero((n_lim, 1))]), rows.mem_cap),
-            (zero((1, rows.ns)), np.append(np.ones(n_lim), 0.0)[None], [total * (1 + 1e-9) + 1e-6]),
+            (zero((1, rows.ns)), np.append(count, 0.0)[None], [total * (1 + 1e-9) + 1e-6]),
             (zero((n_lim, rows.ns)), np.hstack([eye, -np.ones((n_lim, 1))]), zero(n_lim))],
             zero(n_lim + 1), np.full(n_lim + 1, np.inf), memory_rows=False))
     if status != "optimal":
         raise RuntimeError("ratio LP: the overflow LP failed")
     over = x[rows.ns:rows.ns + n_lim]       # in units of rows.mem_unit_bytes
-    missing = {p.device_names[r]: float(over[i]) * rows.mem_unit_bytes
-               for i, r in enumerate(rows.limited) if over[i] > 1e-6}
+    short = sorted((d, float(over[i]) * rows.mem_unit_bytes)
+                   for i, c in enumerate(rows.limited) if over[i] > 1e-6 for d in rows.members[c])
+    missing = {p.device_names[d]: v for d, v in short}       # device order, as in the file
     if not missing:
         raise RuntimeError("ratio LP reported infeasible memory but nothing overflows")
     parts = ", ".join(f"{v / 1e9:.3g} GB missing on {name}" for name, v in missing.items())

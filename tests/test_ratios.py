@@ -18,7 +18,7 @@ from synth.ratios import (
     solve_shares,
 )
 
-ALL_BACKENDS = ["highs", "pulp", "cvxpy"]
+ALL_BACKENDS = ["highs", "pulp", "cvxpy", "highspy"]
 GB = 1e9
 
 
@@ -211,3 +211,26 @@ def test_bad_problems_are_rejected():
 def test_repr_reads_well():
     text = repr(solve_shares(ShareProblem(a=[1.0, 2.0], b=[0.0, 0.0], device_names=["x", "y"])))
     assert re.fullmatch(r"ShareSolution\(0\.6667 s via highs; shares x: 0\.667, y: 0\.333\)", text)
+
+
+def test_one_variable_per_class_of_identical_devices_loses_nothing():
+    # Random problems whose devices come in copies: the LP over classes reaches the leximin
+    # times of the LP over devices (computed here with one class per device), and hands every
+    # member of a class the same share.
+    from synth.ratios import _solve_shares, device_classes
+
+    rng = np.random.default_rng(7)
+    for _ in range(8):
+        base = random_problem(rng)
+        copies = rng.integers(1, 4, base.devices)
+        pick = np.repeat(np.arange(base.devices), copies)
+        problem = ShareProblem(base.a[:, pick], base.b[pick], base.m[:, pick] / copies[pick],
+                               base.c[pick], base.capacity[pick], min_share=base.min_share / 4)
+        classes = device_classes(problem)
+        assert len(classes) == base.devices
+        by_class = solve_shares(problem)
+        by_device = _solve_shares(problem, "highs", [[r] for r in range(problem.devices)])
+        assert by_class.seconds == pytest.approx(by_device.seconds, rel=1e-9)
+        assert np.sort(by_class.device_seconds) == pytest.approx(np.sort(by_device.device_seconds), rel=1e-7)
+        for members in classes:
+            assert np.all(by_class.shares[:, members] == by_class.shares[:, members[:1]])

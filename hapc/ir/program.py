@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 from math import gcd
-from typing import Union
+from typing import Any, Union
 
 from hapc.ir.graph import Graph
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
@@ -81,6 +81,8 @@ class DistProgram:
     source_layouts: dict[str, Layout]
     steps: list[Step] = field(default_factory=list)
     _blocks: dict[tuple[str, int], int] | None = field(default=None, repr=False)
+    _pieces: tuple[Any, dict[tuple, tuple]] | None = field(default=None, repr=False,
+                                                                                compare=False)
 
     @property
     def world(self) -> int:
@@ -162,7 +164,31 @@ class DistProgram:
         """Piece lengths of ``value`` along its sharded ``dim``, one per rank."""
         dim = self._dim(value, dim)
         length = self.shape(value)[dim]
-        return list(_piece_lengths(length, tuple(self.shares), self.blocks().get((value, dim), length)))
+        key = (length, self.blocks().get((value, dim), length))
+        # Remembered per program (keyed by the shares object it was made for): hashing the
+        # shares of 256 devices for the shared cache on every call cost more than the lengths.
+        if self._pieces is None or self._pieces[0] is not self.shares:
+            self._pieces = (self.shares, {})
+        hit = self._pieces[1].get(key)
+        if hit is None:
+            hit = self._pieces[1][key] = _piece_lengths(key[0], tuple(self.shares), key[1])
+        return list(hit)
+
+    def piece_bytes(self, value: str, dim: int, full_bytes: float) -> list[float]:
+        """Bytes of each rank's piece of ``value`` (``full_bytes`` whole) cut along ``dim``:
+        ``full_bytes * length_r / length``, remembered like :meth:`lengths` (the cost model asks
+        for the same few sizes thousands of times per program, 256 ranks each)."""
+        dim = self._dim(value, dim)
+        length = self.shape(value)[dim]
+        if length == 0:
+            return [0.0] * self.world
+        key = (length, self.blocks().get((value, dim), length), full_bytes)
+        memo = self._pieces[1] if self._pieces is not None and self._pieces[0] is self.shares else None
+        hit = memo.get(key) if memo is not None else None
+        if hit is None:
+            hit = tuple(full_bytes * n / length for n in self.lengths(value, dim))
+            self._pieces[1][key] = hit
+        return list(hit)
 
     def offsets(self, value: str, dim: int) -> list[int]:
         return offsets(self.lengths(value, dim))
@@ -176,6 +202,7 @@ class DistProgram:
 
     def invalidate(self) -> None:
         self._blocks = None
+        self._pieces = None
 
 
 def is_partial(layout: Layout) -> bool:
