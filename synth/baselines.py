@@ -14,6 +14,8 @@ so every synthesized plan is scored against them by the same cost model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from costmodel.cluster import Cluster
 from hapc.ir.graph import Graph
 from hapc.ir.layout import Layout, Replicate, Shard
@@ -61,6 +63,23 @@ def baseline_program(name: str, graph: Graph, cluster: Cluster) -> DistProgram:
         space = SearchSpace.build(graph, Prices(graph, cluster, shares), free_layouts=(Replicate(),))
         return to_program(space, search(space), shares)
     raise ValueError(f"unknown baseline {name!r}; expected one of {', '.join(BASELINES)}")
+
+
+def baseline_programs(names: Sequence[str], graph: Graph, cluster: Cluster) -> dict[str, DistProgram]:
+    """:func:`baseline_program` for each of ``names``; ``dp-even`` and ``dp-flops`` are the
+    same steps at other shares (propagation does not look at shares), so data parallelism
+    is propagated once."""
+    out: dict[str, DistProgram] = {}
+    for name in names:
+        other = {"dp-even": "dp-flops", "dp-flops": "dp-even"}.get(name)
+        if other in out:
+            shares = even_shares(cluster.world) if name == "dp-even" else tuple(cluster.flops_shares())
+            twin = out[other]
+            out[name] = DistProgram(graph, tuple(float(x) for x in shares), dict(twin.source_layouts),
+                                    list(twin.steps))
+        else:
+            out[name] = baseline_program(name, graph, cluster)
+    return out
 
 
 def _batch_dependent(graph: Graph) -> set[str]:

@@ -34,7 +34,7 @@ class ProgramBuilder:
         # value -> {layout: name of the copy holding it in that layout}
         self._copies: dict[str, dict[Layout, str]] = {n: {lay: n} for n, lay in layouts.items()}
         self._nodes = {n.name: n for n in graph.nodes}
-        self._refs: dict[str, list[str]] = {}
+        self._refs = _refs_of(graph)
 
     def refs(self, node: Node) -> list[str]:
         """``node.input_refs()``, remembered: greedy policies score every strategy of a node."""
@@ -81,6 +81,23 @@ class ProgramBuilder:
         return self.program
 
 
+_RECENT_REFS: list[tuple[Graph, tuple[int, int], dict[str, list[str]]]] = []
+
+
+def _refs_of(graph: Graph) -> dict[str, list[str]]:
+    """Node name -> input refs, shared by every builder of one graph (the synthesizer builds
+    a dozen programs of each graph; walking every node's arguments again was a tenth of it).
+    A few recent graphs are kept, by identity, with their size as a guard against a graph
+    edited in place."""
+    size = (len(graph.nodes), len(graph.values))
+    for g, s, refs in _RECENT_REFS:
+        if g is graph and s == size:
+            return refs
+    refs = {}
+    _RECENT_REFS[:] = [e for e in _RECENT_REFS if e[0] is not graph][-3:] + [(graph, size, refs)]
+    return refs
+
+
 def _best_source(copies: dict[Layout, str], want: Layout) -> tuple[Layout, str]:
     """Pick the copy it is cheapest to turn into ``want``: a slice of a replica is free."""
     def rank(lay: Layout) -> int:
@@ -122,6 +139,6 @@ def propagate(graph: Graph, shares: Sequence[float], source_layouts: dict[str, L
     score = score or greedy_score
     for node in graph.nodes:
         options = node_strategies(graph, node)
-        best = min(options, key=lambda s: (score(node, s, builder), options.index(s)))
-        builder.compute(node, best)
+        best = min(range(len(options)), key=lambda k: (score(node, options[k], builder), k))
+        builder.compute(node, options[best])
     return builder.build()

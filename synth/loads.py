@@ -41,17 +41,19 @@ def share_problem(program: DistProgram, sim: SimResult, cluster: Cluster,
             (a_kind if sharded else b_kind)[k] += t.fwd_seconds + t.bwd_seconds
     a = a_kind[kind_of]
     b = b_kind[kind_of] + np.asarray(sim.comm_seconds)
-    m, c = _memory_coefficients(program, cluster, optimizer)
+    m, c = _memory_coefficients(program, cluster, optimizer, sim.memory.totals)
     return ShareProblem(a=a, b=b, m=m, c=c, capacity=np.asarray(cluster.memory_bytes(), dtype=float),
                         device_names=[f"{d.type}#{d.index}" for d in cluster.devices])
 
 
-def _memory_coefficients(program: DistProgram, cluster: Cluster, optimizer: str | int):
-    """Bytes per device as ``m * share + c``, from two evaluations of the memory model."""
+def _memory_coefficients(program: DistProgram, cluster: Cluster, optimizer: str | int,
+                         totals_at_shares: list[float]):
+    """Bytes per device as ``m * share + c``, from two evaluations of the memory model (the
+    one at the program's own shares is the simulation's, ``totals_at_shares``)."""
     world = program.world
     s1 = np.asarray(program.shares, dtype=float)
     s2 = np.full(world, 1.0 / world) if not np.allclose(s1, 1.0 / world) else _tilted(world)
-    m1 = np.asarray(program_memory(_with_shares(program, s1), cluster, optimizer).totals)
+    m1 = np.asarray(totals_at_shares, dtype=float)
     m2 = np.asarray(program_memory(_with_shares(program, s2), cluster, optimizer).totals)
     ds = s1 - s2
     m = np.where(np.abs(ds) > 1e-12, (m1 - m2) / np.where(np.abs(ds) > 1e-12, ds, 1.0), 0.0)

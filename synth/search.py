@@ -94,8 +94,14 @@ class Searcher:
         self._codes_cache: dict[int, list[int]] = {}
         self._alt_cache: dict[tuple[int, int], list[tuple[int, float]]] = {}
         self._templates: dict[tuple, list[tuple]] = {}
+        self._targets: dict[tuple, list[tuple[int, ...]] | None] = {}
+        # Per segment structure: the memos of its heuristic's relaxations (see _ValueBound).
+        self._relaxations: dict[str, dict] = {}
         # Expansions one segment may use before it is finished by a beam (and marked inexact).
-        self.segment_budget = 8_000
+        # The transformer, ViT, BERT and VGG segments of the benchmarks need at most ~3,000
+        # (GPT-12 on 8 to 64 devices); a mixture-of-experts layer runs out at any budget tried
+        # (60,000), so a smaller one wastes less before the beam takes over.
+        self.segment_budget = 5_000
         self._hard = space.hard_segments
         self._timed_out: set[str] = set()
         self._live = [[self._vid[v] for v in live] for live in space.live]
@@ -273,7 +279,10 @@ class Searcher:
 
     def _astar_segment(self, seg: Segment, frontier: Frontier, base: float) -> dict:
         nodes = self.space.nodes
-        heuristic = _ValueBound(self, seg).of
+        value_bound = _ValueBound(self, seg)
+        heuristic = value_bound.of
+        towards = _TargetBound.of_segment(self, seg, value_bound)
+        limits: dict[tuple[int, ...], float] | None = None
         # Per node of the segment: state -> best cost so far, and state -> (previous state,
         # strategy, sources) of the move that reached it.
         best_g: list[dict[State, float]] = [{} for _ in range(seg.start, seg.stop + 1)]
@@ -297,10 +306,15 @@ class Searcher:
             if g + h_state < f - 1e-15:
                 continue                              # a stale entry of a state since improved
             if i == seg.stop:
-                exits.setdefault(state, g)
-                if bound == math.inf:   # the best exit: others matter only if cheaper than converting it
-                    bound = g + self._conversion_bound(seg.stop, state)
+                if state not in exits:
+                    exits[state] = g
+                    # Other exits matter only while dearer to convert the settled ones into.
+                    bound = self._exit_bound(seg.stop, exits, bound)
+                    if towards is not None:
+                        limits = self._exit_limits(seg.stop, exits)
                 continue
+            if limits is not None and towards.useless(i, state, g, limits):
+                continue                  # reaches no exit that a settled one does not beat
             if i > seg.start and self._dominated(i, state, g, layer):
                 continue
             budget -= 1
@@ -389,6 +403,54 @@ class Searcher:
             shape = self.graph.values[self._names[vid]].meta.shape
             hit = [0, 1] + [2 + d for d, n in enumerate(shape) if n > 1]
             self._codes_cache[vid] = hit
+        return hit
+
+    def _exit_bound(self, i: int, exits: dict[State, float], previous: float) -> float:
+        """Cost above which no further exit of a segment (values live at node ``i``) matters.
+
+        An exit that holds each value in one layout matters only while it is cheaper than
+        converting some settled exit into it; once every such target has a settled exit that
+        converts into it for less than the search's current cost, the rest is dominated. The
+        bound is the dearest target's cheapest conversion, over single-layout targets (as
+        :meth:`_conversion_bound` is); with many exit values it is that bound of the best exit.
+        """
+        if len(exits) == 1:
+            (state, g), = exits.items()
+            return g + self._conversion_bound(i, state)
+        limits = self._exit_limits(i, exits)
+        return previous if limits is None else min(max(limits.values()), previous)
+
+    def _exit_limits(self, i: int, exits: dict[State, float]) -> dict[tuple[int, ...], float] | None:
+        """Per single-layout target of the exit values (live at ``i``): the cheapest settled
+        exit converted into it. A later exit holding the target matters only below this."""
+        targets = self._exit_targets(i)
+        if targets is None:
+            return None
+        live = self._live[i]
+        limits = {}
+        for target in targets:
+            cheapest = math.inf
+            for state, g in exits.items():
+                extra = g
+                for vid, mask, want in zip(live, state, target):
+                    if not mask >> want & 1:
+                        extra += min(self._move_seconds(vid, a, want) for a in _bits(mask))
+                        if extra >= cheapest:
+                            break
+                if extra < cheapest:
+                    cheapest = extra
+            limits[target] = cheapest
+        return limits
+
+    def _exit_targets(self, i: int) -> list[tuple[int, ...]] | None:
+        """Every way to hold each value live at ``i`` in one layout (None when too many)."""
+        key = ("targets", i)
+        hit = self._targets.get(key, False)
+        if hit is False:
+            codes = [self._codes_of(vid) for vid in self._live[i]]
+            count = math.prod(len(c) for c in codes)
+            hit = list(itertools.product(*codes)) if count <= 64 else None
+            self._targets[key] = hit
         return hit
 
     def _conversion_bound(self, i: int, state: State) -> float:
@@ -495,40 +557,60 @@ class _ValueBound:
         self.floor = floor
         self.live = searcher._live
         self.live_sets = [set(searcher._live[j]) for j in range(seg.start, seg.stop + 1)]
-        self.memo: dict[tuple[int, int, int], float] = {}
+        # Values by position in the segment (entry slot, then each node's outputs in order),
+        # not by name: every instance of a repeated segment has the same relaxations, so one
+        # memo per segment structure serves all of them (and every A* run of each).
+        self.sid: dict[int, int] = {vid: k for k, vid in enumerate(searcher._live[seg.start])}
+        for j in range(seg.start, seg.stop):
+            for o in nodes[j].node.outputs:
+                self.sid.setdefault(searcher._vid[o], len(self.sid))
+        self.live_sids = [[self.sid[v] for v in searcher._live[j]] for j in range(seg.start, seg.stop + 1)]
+        self.shared = searcher._relaxations.setdefault(seg.signature, {})
+        self.memo: dict[tuple[int, int, int], float] = self.shared.setdefault("any", {})
 
     def of(self, i: int, state: State) -> float:
         """Lower bound on the cost from ``state`` before node ``i`` to any exit of the segment."""
         if i == self.stop:
             return 0.0
-        best = self.floor[i - self.start]
+        at = i - self.start
+        best = self.floor[at]
         memo = self.memo
-        for vid, mask in zip(self.live[i], state):
-            h = memo.get((vid, i, mask))
+        for slot, (sid, mask) in enumerate(zip(self.live_sids[at], state)):
+            h = memo.get((sid, at, mask))
             if h is None:
-                h = self._solve(vid, i, mask)
+                h = self._solve(self.live[i][slot], i, mask)
             if h > best:
                 best = h
         return best
 
-    def _solve(self, vid: int, i: int, mask: int) -> float:
+    def _solve(self, vid: int, i: int, mask: int, memo: dict | None = None,
+               last_options: frozenset[int] | None = None, floor: list[float] | None = None) -> float:
         """Cost to go of the relaxation that tracks only ``vid``, from ``mask`` before node ``i``.
+
+        ``last_options`` restricts the segment's last node to those strategies (with ``floor``
+        and ``memo`` to match): the cost to reach an exit of a given layout, see
+        :class:`_TargetBound`.
 
         Iterative (segments can be long): a stack of (node, mask) still to price; a pair is
         priced once every successor it needs is in the memo."""
-        memo = self.memo
+        memo = self.memo if memo is None else memo
+        floor = self.floor if floor is None else floor
+        last = self.stop - 1 if last_options is not None else -1
         tables = self.searcher._tables
         convert = self.searcher._convert
+        sid, start = self.sid[vid], self.start
         stack = [(i, mask)]
         while stack:
             j, m = stack[-1]
-            if (vid, j, m) in memo:
+            if (sid, j - start, m) in memo:
                 stack.pop()
                 continue
             alive_after = vid in self.live_sets[j + 1 - self.start]
             best = math.inf
             missing = []
-            for base, acts, *_ in tables[j]:
+            for k, (base, acts, *_) in enumerate(tables[j]):
+                if j == last and k not in last_options:
+                    continue
                 cost, m2 = base, m
                 for _, _, want, v in acts:
                     if v == vid:
@@ -539,9 +621,9 @@ class _ValueBound:
                 if j + 1 == self.stop:
                     rest = 0.0
                 elif not alive_after:
-                    rest = self.floor[j + 1 - self.start]
+                    rest = floor[j + 1 - self.start]
                 else:
-                    rest = memo.get((vid, j + 1, m2))
+                    rest = memo.get((sid, j + 1 - start, m2))
                     if rest is None:
                         missing.append((j + 1, m2))
                         continue
@@ -550,9 +632,79 @@ class _ValueBound:
             if missing:
                 stack.extend(missing)
                 continue
-            memo[(vid, j, m)] = best if best < math.inf else self.floor[j - self.start]
+            memo[(sid, j - start, m)] = best if best < math.inf else floor[j - start]
             stack.pop()
-        return memo[(vid, i, mask)]
+        return memo[(sid, i - start, mask)]
+
+
+class _TargetBound:
+    """Lower bounds on the cost to reach an exit of a *given* layout, to stop expanding states
+    once the exits they could still reach are beaten.
+
+    After the first exit of a segment, the A* keeps going only to find exits in other layouts
+    (a replicated copy of the residual, say) that a settled exit cannot be converted into
+    more cheaply. Its heuristic bounds the cost to *any* exit, so it keeps every state whose
+    cost is below the dearest such conversion. Here the relaxation of :class:`_ValueBound`
+    is solved with the last node limited to the strategies that produce each target layout;
+    a state whose bound to every target exceeds that target's limit reaches no exit that
+    matters, and is dropped. Used where one value leaves the segment, born at its last node
+    (a transformer block's residual), which is where the hardest segments end.
+    """
+
+    def __init__(self, vb: _ValueBound, producers: dict[int, frozenset[int]]) -> None:
+        self.vb = vb
+        self.producers = producers          # target layout code -> strategies of the last node
+        self.memos: dict[int, dict] = {code: vb.shared.setdefault(("exit", code), {}) for code in producers}
+        searcher = vb.searcher
+        last = vb.stop - 1
+        own = searcher._node_floor(searcher.space.nodes[last])
+        self.floors: dict[int, list[float]] = {}
+        for code, options in producers.items():
+            cheapest = min(searcher._tables[last][k][0] for k in options)
+            self.floors[code] = [f - own + cheapest for f in vb.floor[:-1]] + [0.0]
+
+    @staticmethod
+    def of_segment(searcher: Searcher, seg: Segment, vb: _ValueBound) -> _TargetBound | None:
+        exit_values = searcher._live[seg.stop]
+        last = seg.stop - 1
+        if len(exit_values) != 1 or seg.stop - seg.start < 2:
+            return None
+        ns = searcher.space.nodes[last]
+        outputs = [searcher._vid[o] for o in ns.node.outputs]
+        if exit_values[0] not in outputs:
+            return None
+        pos = outputs.index(exit_values[0])
+        producers: dict[int, set[int]] = {}
+        for k, strat in enumerate(ns.options):
+            producers.setdefault(searcher.code(strat.outputs[pos]), set()).add(k)
+        return _TargetBound(vb, {code: frozenset(ks) for code, ks in producers.items()})
+
+    def useless(self, i: int, state: State, g: float, limits: dict[tuple[int, ...], float]) -> bool:
+        """Does every exit reachable from ``state`` (before node ``i``, cost ``g`` so far) cost
+        more than its layout's limit?"""
+        vb = self.vb
+        for (code,), limit in limits.items():
+            options = self.producers.get(code)
+            if options is None:
+                continue                         # the last node cannot produce this layout
+            slack = limit + 1e-15 - g
+            floor = self.floors[code]
+            if floor[i - vb.start] <= slack and not self._beyond(code, options, floor, i, state, slack):
+                return False
+        return True
+
+    def _beyond(self, code: int, options: frozenset[int], floor: list[float], i: int, state: State,
+                slack: float) -> bool:
+        memo = self.memos[code]
+        vb = self.vb
+        at = i - vb.start
+        for slot, (sid, mask) in enumerate(zip(vb.live_sids[at], state)):
+            h = memo.get((sid, at, mask))
+            if h is None:
+                h = vb._solve(vb.live[i][slot], i, mask, memo, options, floor)
+            if h > slack:
+                return True
+        return False
 
 
 def _carrier(carry: tuple[tuple[int, int], ...], slots_before: int) -> Callable[[list[int]], State]:

@@ -20,7 +20,7 @@ from costmodel.cluster import Cluster
 from costmodel.simulator import SimResult, simulate
 from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
-from synth.baselines import BASELINES, baseline_program
+from synth.baselines import BASELINES, baseline_programs
 from synth.costs import Prices
 from synth.loads import share_problem
 from synth.ratios import MemoryInfeasible, solve_shares
@@ -71,30 +71,31 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
     deadline = time.perf_counter() + time_budget if time_budget else None
     out = Synthesis(best=None, baselines={})  # type: ignore[arg-type]
 
-    for name in baselines:
-        say(f"baseline {name}")
-        prog = baseline_program(name, graph, cluster)
+    say("baselines " + ", ".join(baselines))
+    for name, prog in baseline_programs(baselines, graph, cluster).items():
         out.baselines[name] = Candidate(name, prog, simulate(prog, cluster, optimizer=optimizer))
 
     best: Candidate | None = None
     for replicated_params in (True, False):
         shares = tuple(cluster.flops_shares())
         previous = float("inf")
+        tried = tuple(overlaps)
         for round_ in range(max_rounds):
             round_best: Candidate | None = None
-            for overlap in overlaps:
+            round_overlap = None
+            for overlap in tried:
                 left = None if deadline is None else max(0.0, deadline - time.perf_counter())
                 t0 = time.perf_counter()
                 space = SearchSpace.build(graph, Prices(graph, cluster, shares, grad_sync_overlap=overlap),
                                           allow_replicated_params=replicated_params)
-                result = search(space, left / (2 * len(overlaps)) if left is not None else None)
+                result = search(space, left / (2 * len(tried)) if left is not None else None)
                 out.search_seconds += time.perf_counter() - t0
                 out.searches += 1
                 out.states_expanded += result.states_expanded
                 prog = to_program(space, result, shares)
                 cand = Candidate("hapc", prog, simulate(prog, cluster, optimizer=optimizer), result, space)
                 if round_best is None or _better(cand, round_best):
-                    round_best = cand
+                    round_best, round_overlap = cand, overlap
             assert round_best is not None
             say(f"round {round_ + 1}: {round_best.seconds * 1e3:.3f} ms/iter "
                 f"({'fits' if round_best.fits else 'does not fit'}), shares "
@@ -126,6 +127,9 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
             if warm is None or not _better(warm, round_best):
                 break
             shares = new_shares
+            # Shares the LP moves change prices, not which overlap assumption models this
+            # program's gradient synchronisation best: later rounds search with the winner's.
+            tried = (round_overlap,)
             if deadline is not None and time.perf_counter() > deadline:
                 break
         if best is not None and best.fits:

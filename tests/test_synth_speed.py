@@ -126,3 +126,57 @@ def test_even_all_to_all_in_closed_form_equals_the_pairwise_sum():
             gather = [[x if s != r else 0.0 for s in range(p)] for r, x in enumerate(pieces)]
             slow = collectives._pairwise(gather, cluster, ranks)
             assert abs(collectives._pairwise_uniform(pieces, cluster, ranks) - slow) <= 1e-12 * slow
+
+
+def test_stopping_at_beaten_exits_keeps_every_segment_result(monkeypatch):
+    """Segments stop once every exit layout is beaten by a settled exit (see
+    :class:`synth.search._TargetBound`): the optimum and each segment's useful exits are
+    those of a search that drops no state early, on two clusters, shares and overlaps."""
+    import synth.search as search_module
+    from bench.common import HAP8, small_config, trace_model
+
+    graphs = [trace_model("gpt", **small_config("gpt")).graph,
+              _traced(Chain(depth=4, width=12), torch.randn(6, 12), torch.randn(6, 12)).graph]
+    pruned_states = 0
+    three, hap8 = load_cluster(THREE_UNEVEN), load_cluster(str(HAP8))
+    settings = ((three, [1.0 / three.world] * three.world, 0.75), (hap8, hap8.flops_shares(), 0.0))
+    for graph in graphs:
+        for cluster, shares, overlap in settings:
+            runs = {}
+            for label in ("pruned", "full"):
+                if label == "full":
+                    monkeypatch.setattr(search_module._TargetBound, "of_segment", staticmethod(lambda *a: None))
+                space = SearchSpace.build(graph, Prices(graph, cluster, shares, grad_sync_overlap=overlap))
+                searcher = Searcher(space)
+                runs[label] = (searcher.run(), searcher)
+                monkeypatch.undo()
+            (pruned, p), (full, f) = runs["pruned"], runs["full"]
+            assert pruned.exact and full.exact
+            assert abs(pruned.cost_seconds - full.cost_seconds) <= 1e-12 * max(1.0, full.cost_seconds)
+            assert p.expanded <= f.expanded
+            pruned_states += f.expanded - p.expanded
+            segments = {seg.signature: seg for seg in space.segments}
+            for key, exits in f._memo.items():   # the same useful exits at the same costs
+                mine = p._memo.get(key)
+                if mine is not None:
+                    assert _useful(f, segments[key[0]], mine) == _useful(f, segments[key[0]], exits)
+    assert pruned_states > 0
+
+
+def _useful(searcher, seg, exits) -> dict:
+    """A segment's exits that no other converts into for less, with their costs."""
+    kept = searcher._prune_frontier(seg, {st: (g, None) for st, (g, _, _) in exits.items()})
+    return {st: round(g, 15) for st, (g, _) in kept.items()}
+
+
+def test_data_parallel_baselines_are_propagated_once_with_the_same_result():
+    from synth.baselines import baseline_program, baseline_programs
+
+    graph = _traced(TwoLayer(), torch.randn(6, 12), torch.randn(6, 5)).graph
+    shared = baseline_programs(("dp-even", "dp-flops"), graph, _CLUSTER)
+    for name in ("dp-even", "dp-flops"):
+        alone = baseline_program(name, graph, _CLUSTER)
+        assert shared[name].shares == alone.shares
+        assert shared[name].source_layouts == alone.source_layouts
+        assert [repr(s) for s in shared[name].steps] == [repr(s) for s in alone.steps]
+    assert shared["dp-even"].shares != shared["dp-flops"].shares
