@@ -1,16 +1,22 @@
-"""``hapc compile`` of a 48-layer GPT (hidden 768), end to end: a fresh process that starts
-Python, traces the model on the meta device, synthesizes, writes plan.json and the report, and
-emits program.py — the wall time a user waits. The target is under 10 s.
+"""``hapc compile`` of a 48-layer GPT (hidden 768, 12 heads, sequence 256, batch 64, vocabulary
+8192: issue 13's setting), end to end: a fresh process that starts Python, traces the model on
+the meta device, synthesizes, writes plan.json and the report, and emits program.py — the wall
+time a user waits. The target is 5 s.
 
 Also recorded: the time ``hapc compile`` itself reports (from loading the cluster to the
-last file written; without interpreter start-up and imports).
+last file written; without interpreter start-up and imports), and the process's CPU seconds
+(close to the wall time on an idle machine; on a loaded one the wall time is not).
 
-    python -m bench.compile_time [--repeats 3] [--layers 48]
+``--phases`` instead runs the same steps in this process and prints the CPU seconds of each
+(imports, model build, trace, synthesize, plan.json, report, program.py).
+
+    python -m bench.compile_time [--repeats 3] [--layers 48] [--phases]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -22,39 +28,97 @@ from pathlib import Path
 from bench.common import HAP8, ROOT, model_path, save_section, say
 
 
-def compile_once(layers: int, out: Path) -> tuple[float, float | None, bool, str]:
+# Issue 13's 48-layer GPT; ``layers`` comes from --layers.
+SETTINGS = {"hidden": 768, "heads": 12, "seq": 256, "batch": 64, "vocab": 8192}
+
+
+def compile_once(layers: int, out: Path) -> tuple[float, float | None, bool, str, float]:
+    sets = [x for k, v in {"layers": layers, **SETTINGS}.items() for x in ("--set", f"{k}={v}")]
     cmd = [sys.executable, "-m", "hapc.cli", "compile", str(model_path("gpt")), "--cluster", str(HAP8),
-           "-o", str(out), "--set", f"layers={layers}", "-q"]
+           "-o", str(out), *sets, "-q"]
     start = time.perf_counter()
+    cpu_before = os.times()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
+    cpu_after = os.times()
+    cpu = (cpu_after.children_user - cpu_before.children_user) + (cpu_after.children_system - cpu_before.children_system)
     if proc.returncode != 0:
         raise RuntimeError(f"hapc compile failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
     said = re.search(r"wrote .* in ([0-9.]+) s", proc.stdout)
     summary = proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""
-    return wall, float(said.group(1)) if said else None, (out / "program.py").exists(), summary
+    return wall, float(said.group(1)) if said else None, (out / "program.py").exists(), summary, cpu
+
+
+def phases(layers: int) -> list[tuple[str, float]]:
+    """CPU seconds of each step of ``hapc compile``, run in this process (call it in a fresh one:
+    the imports are steps)."""
+    clock = [time.process_time()]
+    rows: list[tuple[str, float]] = []
+
+    def step(name: str) -> None:
+        now = time.process_time()
+        rows.append((name, now - clock[0]))
+        clock[0] = now
+
+    import torch  # noqa: F401
+    step("import torch")
+    import torch._dynamo  # noqa: F401  (torch.export imports it on first use)
+    step("import torch._dynamo")
+    from costmodel.cluster import load_cluster
+    from hapc.api import synthesize
+    from hapc.modelfile import load_model_file
+    from hapc.report import write_report
+    from hapc.tracer import trace
+    step("import hapc")
+    overrides = {"layers": layers, **SETTINGS}
+    cluster = load_cluster(str(HAP8))
+    mf = load_model_file(str(model_path("gpt")), overrides)
+    model = mf.build_model(device="meta")
+    inputs = tuple(t.to("meta") for t in mf.build_inputs())
+    step("load cluster, build model (meta)")
+    traced = trace(model, inputs)
+    step("trace (torch.export, IR, FLOPs)")
+    plan = synthesize(traced, None, cluster, model_file=str(model_path("gpt")), model_kwargs=overrides)
+    step("synthesize")
+    with tempfile.TemporaryDirectory() as tmp:
+        plan.save(Path(tmp) / "plan.json")
+        step("plan.json")
+        write_report(plan, tmp)
+        step("report.md + chart")
+        plan.emit(tmp, constants=traced.constants)
+        step("program.py")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.compile_time", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layers", type=int, default=48)
+    parser.add_argument("--phases", action="store_true", help="CPU seconds per step, in this process")
     args = parser.parse_args(argv)
-    walls, reported, emitted, summary = [], [], True, ""
+    if args.phases:
+        rows = phases(args.layers)
+        total = sum(s for _, s in rows)
+        for name, seconds in rows:
+            say(f"{name:34s} {seconds:6.2f} s CPU  {100 * seconds / total:5.1f}%")
+        say(f"{'total':34s} {total:6.2f} s CPU")
+        return 0
+    walls, reported, cpus, emitted, summary = [], [], [], True, ""
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
-            wall, said, emitted_now, summary = compile_once(args.layers, Path(tmp) / f"run{i}")
+            wall, said, emitted_now, summary, cpu = compile_once(args.layers, Path(tmp) / f"run{i}")
             walls.append(wall)
+            cpus.append(cpu)
             if said is not None:
                 reported.append(said)
             emitted = emitted and emitted_now
-            say(f"hapc compile gpt-{args.layers}: {wall:.1f} s wall"
+            say(f"hapc compile gpt-{args.layers}: {wall:.1f} s wall, {cpu:.1f} s CPU"
                 + (f" ({said:.1f} s reported)" if said is not None else ""))
     save_section("compile", {
-        "model": f"gpt-{args.layers}", "cluster": HAP8.stem, "repeats": args.repeats,
-        "wall_seconds": statistics.median(walls), "wall_runs": walls,
+        "model": f"gpt-{args.layers}", "settings": SETTINGS, "cluster": HAP8.stem, "repeats": args.repeats,
+        "wall_seconds": statistics.median(walls), "wall_runs": walls, "cpu_seconds": statistics.median(cpus),
         "reported_seconds": statistics.median(reported) if reported else None,
-        "emitted_program": emitted, "target_seconds": 10.0, "summary_first_line": summary,
+        "emitted_program": emitted, "target_seconds": 5.0, "summary_first_line": summary,
     })
     return 0
 

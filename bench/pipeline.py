@@ -5,7 +5,12 @@ scored by the same cost model in one synthesis per cluster.
 The models: the 48-layer GPT of issue 12 (hidden 768, 12 heads, seq 256, batch 64, vocab 8192)
 on the 8-GPU two-node cluster, GPT-12 and BERT-base (batch 64) on HAP's 64-GPU cluster, GPT-12
 (batch 16) on the two-node V100 cluster; and the 48-layer GPT on 64 GPUs for the stage
-planner's own time. No measured step time: hapc cannot emit pipelined programs yet.
+planner's own time (wall and CPU, with its counts: group syntheses, DP runs, exact front DPs,
+plans priced, and whether the plan is proven optimal under the cost model).
+
+The measured CPU step time of a pipelined plan against the 1-D plan belongs here too; it
+comes from running the emitted program (code generation for pipelined plans is built
+separately) and is filled in under ``"measured"`` when that section provides it.
 
     python -m bench.pipeline
 """
@@ -48,7 +53,8 @@ def case_row(label: str, model: str, kwargs: dict[str, Any], cluster_path) -> di
         row.update(stages=[{"nodes": [s.first_node, s.stop_node], "ranks": [s.ranks[0], s.ranks[-1]]}
                            for s in pipe.stages],
                    microbatches=pipe.microbatches, schedule=pipe.schedule, bubble=pipe.cost.bubble_fraction,
-                   group_syntheses=pipe.search.get("group_syntheses"))
+                   **{k: pipe.search.get(k) for k in ("group_syntheses", "dp_runs", "front_dp_runs",
+                                                        "candidates_priced", "exact", "gap")})
     return row
 
 
@@ -62,8 +68,11 @@ def planner_time_64() -> dict[str, Any]:
     cpu_before = time.process_time()
     seconds, pipe = timed(lambda: StagePlanner(traced.graph, cluster).plan())
     cpu = time.process_time() - cpu_before
+    search = pipe.search if pipe else {}
     return {"model": "gpt-48", "cluster": cluster.name, "planner_seconds": seconds, "planner_cpu_seconds": cpu,
-            "stages": len(pipe.stages) if pipe else 1, "group_syntheses": pipe.search.get("group_syntheses") if pipe else 0}
+            "stages": len(pipe.stages) if pipe else 1, "iteration_seconds": pipe.iteration_seconds if pipe else None,
+            **{k: search.get(k, 0) for k in ("group_syntheses", "dp_runs", "front_dp_runs", "candidates_priced")},
+            "exact": search.get("exact")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,21 +95,32 @@ def render_section(res: dict[str, Any]) -> list[str]:
     if not data:
         return out + ["Not run yet (`python -m bench.pipeline`).", ""]
     out += ["| cluster | model | plan ms | 1-D plan ms | pipeline-even ms | dp-even ms | vs 1-D | vs dp-even | "
-            "stages | micro-batches | bubble | never worse |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "stages | micro-batches | bubble | exact | never worse |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["clusters"]:
         b = r["baselines_seconds"]
         even = b.get("pipeline-even")
         out.append(f"| {r['cluster']} | {r['model']} | {r['plan_seconds'] * 1e3:.1f} | {r['one_stage_seconds'] * 1e3:.1f} "
                    f"| {even * 1e3 if even else float('nan'):.1f} | {b['dp-even'] * 1e3:.1f} "
                    f"| {r['speedup_vs_one_stage']:.2f}x | {r['speedup_vs_dp_even']:.2f}x | {len(r.get('stages', [])) or 1} "
-                   f"| {r.get('microbatches', 1)} | {r.get('bubble', 0.0) * 100:.0f}% | {'yes' if r['never_worse'] else 'NO'} |")
+                   f"| {r.get('microbatches', 1)} | {r.get('bubble', 0.0) * 100:.0f}% "
+                   f"| {_exactness(r)} | {'yes' if r['never_worse'] else 'NO'} |")
     p = data.get("planner_64")
     if p:
         cpu = f", {p['planner_cpu_seconds']:.1f} s of CPU" if "planner_cpu_seconds" in p else ""
+        counts = f", {p['dp_runs']} DP runs, {p['front_dp_runs']} front DPs" if "dp_runs" in p else ""
         out += ["", f"Stage planner alone, {p['model']} on {p['cluster']}: {p['planner_seconds']:.1f} s wall{cpu} "
-                f"({p['group_syntheses']} group syntheses; target 10 s)."]
+                f"({p['group_syntheses']} group syntheses{counts}; target 10 s)."]
+    measured = data.get("measured")
+    out += ["", f"Measured CPU step, pipelined vs 1-D plan: {measured}" if measured else
+            "Measured CPU step of a pipelined plan: not in this section yet (needs the emitted pipelined program)."]
     return out + [""]
+
+
+def _exactness(row: dict[str, Any]) -> str:
+    if "exact" not in row or row["exact"] is None:
+        return "-"
+    return "yes" if row["exact"] else f"gap {row['gap'] * 100:.2f}%"
 
 
 if __name__ == "__main__":

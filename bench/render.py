@@ -218,10 +218,15 @@ def compile_section(res: dict[str, Any]) -> list[str]:
     runs = ", ".join(f"{x:.1f}" for x in comp["wall_runs"])
     emitted = "yes" if comp.get("emitted_program") else "no"
     return out + [
-        (f"`hapc compile configs/models/gpt.py --set layers=48 --cluster {comp['cluster']}` in a fresh "
+        (f"`hapc compile configs/models/gpt.py --set layers=48 {_sets(comp)}--cluster {comp['cluster']}` in a fresh "
         f"process: **{comp['wall_seconds']:.1f} s** wall, median of {comp['repeats']} ({runs}); "
         f"{_s(comp.get('reported_seconds'), 1)} s as hapc reports it (without interpreter start-up and "
-        f"imports). program.py emitted: {emitted}. Target: under {comp['target_seconds']:.0f} s."), ""]
+        f"imports); {_s(comp.get('cpu_seconds'), 1)} s CPU. program.py emitted: {emitted}. "
+        f"Target: under {comp['target_seconds']:.0f} s."), ""]
+
+
+def _sets(comp: dict[str, Any]) -> str:
+    return "".join(f"--set {k}={v} " for k, v in comp.get("settings", {}).items())
 
 
 QUALITY_INTRO = (

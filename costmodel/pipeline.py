@@ -133,6 +133,8 @@ class ProgramPricer:
         self.moves: list[tuple[int, str, str, tuple[float, ...], tuple | None, bool]] = []
         self.fixed_comm = np.zeros((n, 2))   # internal all-reduces (a few bytes; not scaled)
         launch = cluster.launch_latency_seconds
+        kinds = [(tuple(d.peak_flops.values()), d.hbm_bandwidth_Bps) for d in cluster.devices]
+        one_kind = len(set(kinds)) == 1
         pending: list[Redistribute] = []
 
         def add_move(i: int, step: Redistribute) -> None:
@@ -151,17 +153,24 @@ class ProgramPricer:
                 add_move(i, r_step)
             pending = []
             self.scaled[i] = any(o in batch for o in node.outputs)
-            seen: dict[tuple, ComputeTime] = {}      # equal devices with equal pieces price alike
-            for r, frac in enumerate(_fractions(program, step, node.outputs)):
-                dev = cluster.devices[r]
-                key = (frac, tuple(dev.peak_flops.values()), dev.hbm_bandwidth_Bps)
-                if key not in seen:
-                    seen[key] = node_seconds(node, graph, dev, cluster, frac)
-                t = seen[key]
-                self.fwd[i, r] += t.fwd_seconds
-                self.bwd[i, r] += t.bwd_seconds
-                self.fwd_launch[i, r] += launch if t.fwd_seconds > 0 else 0.0
-                self.bwd_launch[i, r] += launch if t.bwd_seconds > 0 else 0.0
+            seen: dict[tuple, tuple[float, float]] = {}      # equal devices with equal pieces price alike
+            fracs = _fractions(program, step, node.outputs)
+            if one_kind and fracs.count(fracs[0]) == world:       # the common case: one price for all
+                t: ComputeTime = node_seconds(node, graph, cluster.devices[0], cluster, fracs[0])
+                row = np.tile([t.fwd_seconds, t.bwd_seconds], (world, 1))
+            else:
+                times = []
+                for r, frac in enumerate(fracs):
+                    key = (frac, kinds[r])
+                    if key not in seen:
+                        t = node_seconds(node, graph, cluster.devices[r], cluster, frac)
+                        seen[key] = (t.fwd_seconds, t.bwd_seconds)
+                    times.append(seen[key])
+                row = np.array(times).reshape(world, 2)
+            self.fwd[i] += row[:, 0]
+            self.bwd[i] += row[:, 1]
+            self.fwd_launch[i] += np.where(row[:, 0] > 0, launch, 0.0)
+            self.bwd_launch[i] += np.where(row[:, 1] > 0, launch, 0.0)
             if world > 1:
                 fwd_b, bwd_b = internal_all_reduces(step.strategy.local, node, graph)
                 self.fixed_comm[i, 0] += sum(best_variant("all_reduce", [b] * world, cluster)[1] for b in fwd_b)
@@ -192,6 +201,7 @@ class ProgramPricer:
         copies = optimizer_copies(optimizer)
         accesses = 3 + 2 * copies
         synced_by_factors = factor_synced_params(program)
+        hbm_Bps = np.array([d.hbm_bandwidth_Bps for d in cluster.devices]) * cluster.efficiency["hbm"]
         self.static = np.zeros((n, world))
         self.opt = np.zeros((n, world))
         self.grad = np.zeros(n)
@@ -212,10 +222,7 @@ class ProgramPricer:
             held = piece.copy()
             if value.requires_grad:
                 held += piece * (1 + copies)
-                for r, dev in enumerate(cluster.devices):
-                    if piece[r] > 0:
-                        self.opt[i, r] += piece[r] * accesses / (dev.hbm_bandwidth_Bps * cluster.efficiency["hbm"]) \
-                            + cluster.launch_latency_seconds
+                self.opt[i] += np.where(piece > 0, piece * accesses / hbm_Bps + cluster.launch_latency_seconds, 0.0)
                 if isinstance(layout, Replicate) and world > 1 and name not in synced_by_factors:
                     self.grad[i] += piece[0]
                     self.param_grad[name] = float(piece[0])

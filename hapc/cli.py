@@ -65,6 +65,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     plan.save(out / "plan.json")
+    _write_replan_cache(plan, out)
     write_report(plan, out)
     emitted = ""
     if not args.no_emit and plan.pipeline is None:
@@ -85,6 +86,17 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         print(f"note: program.py not written: this plan has {len(plan.pipeline.stages)} pipeline stages and hapc "
               "cannot emit pipelined programs yet (compile without --stages for a one-stage program)")
     return 0
+
+
+def _write_replan_cache(plan, out: Path) -> None:
+    """The strategies ``hapc replan`` needs beside plan.json (see synth.reuse); pipelined plans,
+    which replan does not handle, get none."""
+    from synth import reuse
+
+    path = out / reuse.FILE_NAME
+    path.unlink(missing_ok=True)        # never another plan's cache
+    if plan.pipeline is None:
+        reuse.write(plan.graph, path)
 
 
 def _stages_arg(value: str | None) -> int | str | None:
@@ -252,7 +264,12 @@ def _cmd_replan(args: argparse.Namespace) -> int:
     from hapc.replan import replan
     from hapc.report import write_report
 
+    import time
+
+    started = time.perf_counter()
+    say = _progress(args)
     old = Plan.load(args.plan)
+    cache = _load_replan_cache(Path(args.plan), old, say)
     survivors = list(range(old.cluster.world))
     if args.cluster:
         cluster = load_cluster(args.cluster)
@@ -274,6 +291,7 @@ def _cmd_replan(args: argparse.Namespace) -> int:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     done.plan.save(out / "plan.json")
+    _carry_replan_cache(cache, done, out)
     write_report(done.plan, out)
     wrote = ["plan.json", "report.md"]
     if not args.no_emit:
@@ -281,13 +299,46 @@ def _cmd_replan(args: argparse.Namespace) -> int:
         wrote.append("program.py")
     print(done.plan.summary())
     how = "the old program re-balanced" if done.kept_program else \
-        f"a new program ({done.carried_cost_seconds * 1e3:.3f} ms/iter for the old one re-balanced)"
-    print(f"replanned {old.cluster.world} -> {cluster.world} devices in {done.seconds:.2f} s: {how}; "
+        f"a new program ({done.carried_cost_seconds * 1e3:.3f} ms/iter for the old one on the new cluster)"
+    print(f"replanned {old.cluster.world} -> {cluster.world} devices in {time.perf_counter() - started:.2f} s "
+          f"(planning {done.seconds:.2f} s): {how}; "
           f"{done.plan.cost * 1e3:.3f} ms/iter (was {done.old_cost_seconds * 1e3:.3f} ms on the old cluster)")
     print(f"wrote {', '.join(str(out / w) for w in wrote)}")
     if not args.no_emit:
         print(f"resume: torchrun --nproc_per_node={cluster.world} {out / 'program.py'} --load CHECKPOINT_DIR")
     return 0
+
+
+def _load_replan_cache(plan_file: Path, old, say) -> Path | None:
+    """Install the strategies cached beside the old plan (see synth.reuse), so the search
+    needs no sharding rules (nor torch); a missing or stale cache is not an error: the rules
+    derive them again, more slowly, and a progress line says why. Returns the cache used."""
+    from synth import reuse
+
+    path = reuse.cache_path(plan_file)
+    try:
+        reuse.load(old.graph, path)
+    except reuse.StaleCache as exc:
+        say(f"{exc}: deriving the strategies from the sharding rules (slower)")
+        return None
+    return path
+
+
+def _carry_replan_cache(cache: Path | None, done, out: Path) -> None:
+    """The new plan's graph is the old one: its cache is the old cache (or, when that was
+    unusable but a search derived the strategies, a new one), so replans can chain."""
+    import shutil
+
+    from synth import reuse
+
+    target = out / reuse.FILE_NAME
+    if cache is not None:
+        if cache.resolve() != target.resolve():
+            shutil.copyfile(cache, target)
+        return
+    target.unlink(missing_ok=True)
+    if done.effort != "quick":          # a quick replan derived no strategies: none to write
+        reuse.write(done.plan.graph, target)
 
 
 def _rank(text: str, flag: str) -> int:

@@ -53,12 +53,14 @@ def _measured_line(plan: Plan) -> str:
 
 
 def write_report(plan: Plan, out_dir: str | Path) -> Path:
-    """``report.md`` with the summary, the layout of every collective, and ``report.png``."""
+    """``report.md`` with the summary, the layout of every collective, and ``report.svg``
+    (written as text by :mod:`hapc.chart_svg`: no matplotlib in ``hapc compile``)."""
+    from hapc.chart_svg import write_svg_chart
+
     out = Path(out_dir)
-    chart = _chart(plan, out / "report.png")
+    write_svg_chart(plan, out / "report.svg")
     lines = ["# hapc plan report", "", "```", summary_text(plan), "```", ""]
-    if chart:
-        lines += ["![per-device time and memory](report.png)", ""]
+    lines += ["![per-device time and memory](report.svg)", ""]
     lines += ["## Layout changes (collectives)", "", "| value | from | to | method |", "|---|---|---|---|"]
     for value, src, dst, method in plan.collectives():
         lines.append(f"| `{value}` | {src} | {dst} | {method} |")

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from hapc.blocktrace import trace_repeated
 from hapc.errors import UserError
 from hapc.functionalize import functionalize
 from hapc.quiet import quiet_torch
@@ -78,8 +79,11 @@ class Traced:
         raise KeyError(f"{name} is a {v.kind}, not a stored tensor")
 
 
-def trace(model: torch.nn.Module, inputs: Sequence[Any], *, has_rule=None) -> Traced:
+def trace(model: torch.nn.Module, inputs: Sequence[Any], *, has_rule=None, replicate_blocks: bool = True) -> Traced:
     """Trace ``model(*inputs)`` (which must return a scalar loss) into the IR.
+
+    ``replicate_blocks=False`` traces every layer even when :mod:`hapc.blocktrace` could
+    trace one and replicate it (the result is the same; tests compare the two).
 
     ``has_rule(op) -> bool`` tells which ops have a sharding rule; ops without one are
     recorded in ``graph.unsupported`` with their source lines (they still run, replicated).
@@ -88,19 +92,29 @@ def trace(model: torch.nn.Module, inputs: Sequence[Any], *, has_rule=None) -> Tr
         from hapc.rules import has_rule
     start = time.perf_counter()
     inputs = tuple(inputs)
+    # Repeated blocks are traced once and replicated (hapc.blocktrace); the same IR, faster.
+    repeated = trace_repeated(model, inputs, _export, _lift) if replicate_blocks else None
+    if repeated is not None:
+        lifted, exported_constants = repeated
+    else:
+        ep = _export(model, inputs)
+        lifted, exported_constants = _lift(ep), ep.constants
+    graph = functionalize(lifted)
+    _mark_requires_grad(graph)
+    _annotate_costs(graph)
+    graph.unsupported = _unsupported(graph, has_rule)
+    constants = {k: v for k, v in exported_constants.items() if isinstance(v, torch.Tensor)}
+    return Traced(graph, model, constants, time.perf_counter() - start)
+
+
+def _export(model: torch.nn.Module, inputs: tuple) -> torch.export.ExportedProgram:
     try:
         with quiet_torch():
-            ep = torch.export.export(model, inputs, strict=False)
+            return torch.export.export(model, inputs, strict=False)
     except UserError:
         raise
     except Exception as exc:  # torch's own message names the construct it cannot trace
         raise UserError(f"torch.export could not trace the model: {_export_error(exc)}") from exc
-    graph = functionalize(_lift(ep))
-    _mark_requires_grad(graph)
-    _annotate_costs(graph, ep)
-    graph.unsupported = _unsupported(graph, has_rule)
-    constants = {k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)}
-    return Traced(graph, model, constants, time.perf_counter() - start)
 
 
 def _export_error(exc: Exception) -> str:
@@ -339,7 +353,7 @@ def _mark_requires_grad(graph: Graph) -> None:
                 graph.values[out] = Value(v.name, v.meta, v.kind, v.target, True)
 
 
-def _annotate_costs(graph: Graph, ep: torch.export.ExportedProgram) -> None:
+def _annotate_costs(graph: Graph) -> None:
     cache: dict[tuple, Cost] = {}
     for node in graph.nodes:
         key = _cost_key(graph, node)

@@ -218,14 +218,24 @@ def _cvxpy(lp: _LP) -> _Result:
     return "optimal", np.asarray(x.value), np.abs(np.asarray(ub.dual_value))
 
 
+def _highspy(lp: _LP) -> _Result:
+    """HiGHS without importing scipy.optimize (``hapc replan``'s start-up): see synth.lp_highspy."""
+    from synth import lp_highspy
+
+    if not lp_highspy.available():
+        raise BackendUnavailable("highspy is not installed")
+    return lp_highspy.solve(lp)
+
+
 _Solver = Callable[[_LP], _Result]
-_BACKENDS: dict[str, _Solver] = {"highs": _highs, "pulp": _pulp, "cvxpy": _cvxpy}
+_BACKENDS: dict[str, _Solver] = {"highs": _highs, "pulp": _pulp, "cvxpy": _cvxpy, "highspy": _highspy}
 
 
 def available_backends() -> list[str]:
     """The backends that can run here (tests skip the others, saying why)."""
     out = ["highs"]
-    for name, probe in (("pulp", lambda: __import__("pulp")), ("cvxpy", _cvxpy_solver)):
+    for name, probe in (("pulp", lambda: __import__("pulp")), ("cvxpy", _cvxpy_solver),
+                        ("highspy", lambda: __import__("highspy._core"))):
         try:
             probe()
         except (ImportError, BackendUnavailable):

@@ -9,7 +9,7 @@ shares included), priced on the group as a cluster of its own. The planner choos
 * the **cuts**: positions between nodes of the graph where few activation bytes are live
   (between transformer blocks, say), since everything live crosses the link;
 * the **micro-batch count** (powers of two that leave every group member a sample) and the
-  schedule (1F1B; GPipe when it fits and is faster).
+  schedule (1F1B; GPipe when forced, see below).
 
 **Memoised pricing.** Each distinct group (same devices and links, wherever it sits) is
 synthesised once, for the whole graph; :func:`costmodel.pipeline.profile_program` prices its
@@ -17,21 +17,41 @@ program per node and keeps prefix sums, so a layer range on that group costs two
 subtractions. The group's program is chosen for speed with memory left unbounded; memory is
 checked per stage for the layers it holds and the micro-batches in flight.
 
-**Search.** For a cap ``B`` on the slowest pipeline step, a DP over (stages left, first device
-position, first cut) minimises the sum of stage and transfer steps subject to every step
-<= ``B`` and every stage fitting its memory with ``min(m, stages left)`` micro-batches in flight
-(1F1B); the iteration is about ``sum + (m - 1) * max``, so sweeping ``B`` over the distinct
-step values explores the trade-off. Each DP optimum is then priced exactly by
-:func:`costmodel.pipeline.schedule_cost` (gradient sync, optimizer tails, both schedules) and
-the fastest that fits wins. The result is the optimum of the swept caps, not a proven optimum
-of the whole space; the caller keeps the one-stage plan over all devices as a candidate, so a
-pipelined plan is only chosen when it is predicted faster.
+**Search, exact under the cost model.** For ``S`` stages with steps ``w_s`` (compute plus
+the unhidden part of its sends), sends ``x_s``, forward parts ``f_s``, tails ``e_s`` (exposed
+gradient sync + optimizer) and backward drains ``d_s = b_s + x_s^bwd``, 1F1B gives
+
+    T = (m - 1) * B + W + H,   B = max(w ∪ x),  W = sum(w) + sum(x),  H = max_s (e_s - sum_{t<s} d_t)
+
+(:func:`costmodel.pipeline.schedule_cost`). For a cap on ``B`` a DP over (stages left, first
+device position, first cut) gives the least ``W + e_0``, a lower bound on ``W + H`` for every
+plan under the cap (``H >= e_0``), with each stage's memory checked for its ``min(m, stages
+left)`` in-flight micro-batches. Caps are the distinct step values, searched by bisection:
+an interval of caps ``[lo, hi]`` solved at ``hi`` proves ``(m - 1) * cap_lo + bound`` for all its
+plans and is dropped when that reaches the incumbent; the plan found at ``hi`` closes the
+caps from its own bottleneck up. Where a later stage's tail ends the iteration (``H > e_0``)
+and the bound is still under the incumbent, an exact DP over Pareto fronts of ``(W, V = W + H)``
+per state prices that cap instead (``V = max(w + x + e + W_rest, f + x_f + V_rest)``, monotone in
+both). The search runs twice: the cheap bound alone first, for a good incumbent over every
+order and micro-batch count, then again with the fronts where needed. The plan reports
+``exact`` and its ``gap`` to the least bound left open (non-zero only when a budget,
+:data:`DP_RUN_LIMIT` or :data:`FRONT_RUN_LIMIT`, or a front wider than :data:`FRONT_WIDTHS`
+cut the proof short, or when GPipe is forced: its bound is the 1F1B relaxation).
+
+The space searched: the groups and orders above, the cut candidates
+(:func:`cut_candidates`), power-of-two micro-batch counts, up to :data:`MAX_STAGES` stages;
+each group runs its own whole-graph program (chosen with memory unbounded), a stage its
+slice of it. GPipe is priced only when forced: per stage list its steady state pays
+``max(f) + max(b)`` per micro-batch where 1F1B pays ``max(f + b)``, and it holds more
+micro-batches, so it never wins under this model. The caller keeps the one-stage plan over
+all devices as a candidate, so a pipelined plan is only chosen when it is predicted faster.
 
 Deterministic: groups, cuts and caps are enumerated in fixed orders and ties keep the first.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -40,9 +60,10 @@ import numpy as np
 
 from costmodel.cluster import Cluster, Link
 from costmodel.collectives import best_variant
+from costmodel.compute import lower_bound_seconds
 from costmodel.groups import group_key, link_between, sub_cluster
-from costmodel.pipeline import (
-    SCHEDULES,
+from costmodel.pipeline import (  # noqa: I001
+    SCHEDULES,  # noqa: F401  (the API checks --schedule against it)
     ProgramPricer,
     ProgramProfile,
     ScheduleCost,
@@ -55,8 +76,13 @@ from hapc.errors import UserError
 from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
 
-CAPS = 17                # step caps swept by the DP (quantiles of the stage steps)
 MAX_CUTS = 48            # cut candidates kept for the DP (evenly by work when there are more)
+MAX_STAGES = 16          # most stages a plan may have
+CAP_BATCH = 8            # step caps solved together by one (vectorised) DP run
+DP_RUN_LIMIT = 400       # DP runs per planning; what is left unexplored then counts in the gap
+EXACT_TOLERANCE = 1e-9   # relative gap under which a plan is reported exact
+FRONT_WIDTHS = (12, 48)  # (W, V) front sizes tried by the exact DP before it gives up on a cap
+FRONT_RUN_LIMIT = 40     # exact front DPs per planning; past it, caps keep their W + e0 bound (a gap)
 UNBOUNDED_MEMORY = 10**18
 
 
@@ -97,6 +123,59 @@ class _Group:
     end: int                        # device position after the group (index into the order)
 
 
+@dataclass
+class _Arc:
+    """A group at one device position, priced for one micro-batch count: what a stage over
+    cuts ``[i, j)`` on it adds to the DP, for every cut pair."""
+
+    group: _Group
+    start: int                   # index of its first device position
+    end: int                     # index of the position after it
+    cost: np.ndarray             # [c, c] its step w plus its send x, plus its tail e on row 0 (first stage)
+    gate: np.ndarray             # [c, c] the slowest pipeline step it adds, max(w, x); inf where no stage
+    inflight_max: np.ndarray     # [c, c] micro-batches whose activations fit next to its parameters
+    busy: np.ndarray             # [c, c] w + x: what the stage and its send add to the pipeline's sum
+    busy_tail: np.ndarray        # [c, c] w + x + e: ... and the end of its own iteration after the pipeline
+    ahead: np.ndarray            # [c, c] f + x_f: how far its last backward ends before the next stage's
+
+
+@dataclass
+class _Problem:
+    """One device order at one micro-batch count."""
+
+    m: int
+    n_pos: int
+    arcs: list[_Arc]
+    max_stages: int
+    ks: list[int]                # stage counts allowed
+    gpipe_memory: bool           # every stage holds all m micro-batches (GPipe), not min(m, k) (1F1B)
+    steps: np.ndarray            # sorted distinct step values: the caps worth trying
+    gates: dict[int, list[np.ndarray]] = field(default_factory=dict)   # per in-flight count
+    ahead: np.ndarray | None = None      # [p, i] least forward time before a state (a bound)
+
+
+class _Search:
+    """The incumbent, the bounds left open and the counts of one planning."""
+
+    def __init__(self, bound: float, schedule: str) -> None:
+        self.best: Pipeline | None = None
+        self.upper = bound
+        self.schedule = schedule
+        self.lower_bounds: list[float] = []     # bounds of the cap intervals solved (or left unexplored)
+        self.priced = 0
+        self.dp_runs = 0
+        self.pareto_runs = 0
+
+    def open(self, lower_bound: float) -> bool:
+        return lower_bound < self.upper * (1 - EXACT_TOLERANCE)
+
+    def consider(self, planner: StagePlanner, chosen: list[tuple[_Arc, int, int]], m: int) -> None:
+        self.priced += 1
+        pipe = planner._price([(arc.group, i, j) for arc, i, j in chosen], m, self.schedule)
+        if pipe is not None and pipe.iteration_seconds < self.upper * (1 - 1e-12):
+            self.best, self.upper = pipe, pipe.iteration_seconds
+
+
 class StagePlanner:
     """Plans pipelines for one graph on one cluster; group programs and profiles memoised."""
 
@@ -116,6 +195,7 @@ class StagePlanner:
         self.cuts = cut_candidates(graph, self.fwd_bytes)
         self.batch = batch_size(graph)
         self.group_syntheses = 0
+        self._send_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     # ---- groups ------------------------------------------------------------------------------
     def _default_group_program(self, graph: Graph, group: Cluster) -> DistProgram:
@@ -261,10 +341,12 @@ class StagePlanner:
         return counts or [1]
 
     def plan(self, *, stages: int | None = None, microbatches: int | None = None,
-             schedule: str | None = None) -> Pipeline | None:
-        """The fastest pipeline found (at least two stages unless forced), or None.
+             schedule: str | None = None, incumbent_seconds: float | None = None) -> Pipeline | None:
+        """The fastest pipeline (at least two stages unless forced), or None.
 
-        ``stages``/``microbatches``/``schedule`` force those choices (the CLI's flags)."""
+        ``stages``/``microbatches``/``schedule`` force those choices (the CLI's flags).
+        ``incumbent_seconds`` (the best plan without stages) prunes: a pipeline is only
+        returned when it is faster, and None then means none is (up to the reported gap)."""
         started = time.perf_counter()
         if len(self.cuts) < 3:
             if stages:
@@ -276,10 +358,14 @@ class StagePlanner:
                             f"stages ({len(self.cuts) - 2} cut points)")
         if microbatches is not None and microbatches > self.batch:
             raise UserError(f"--microbatches {microbatches} is more than the batch of {self.batch} samples")
-        best: Pipeline | None = None
-        best_at: tuple = ()
-        explored = 0
-        for nodes in self.device_orders():
+        if microbatches is not None and self.batch % microbatches:
+            raise UserError(f"--microbatches {microbatches} does not divide the batch of {self.batch} samples "
+                            f"(micro-batches must be equal)")
+        bound = math.inf if incumbent_seconds is None else float(incumbent_seconds)
+        if bound < math.inf and lower_bound_seconds(self.graph, self.cluster) >= bound:
+            return None          # not even a perfectly balanced pipeline computes faster than the incumbent
+        problems = []
+        for order, nodes in enumerate(self.device_orders()):
             positions, starts = self.groups_of(nodes)
             all_groups = [g for gs in starts.values() for g in gs]
             if stages is not None and stages > len(positions) - 1:
@@ -287,108 +373,277 @@ class StagePlanner:
                                 f"{len(positions) - 1} groups (nodes, or halves/quarters of a node)")
             counts = [microbatches] if microbatches else self.microbatch_counts(all_groups)
             for m in counts:
-                for cand in self._dp(positions, starts, m, stages):
-                    explored += 1
-                    pipe = self._best_schedule(cand, m, schedule, stages)
-                    if pipe is not None and (best is None or pipe.iteration_seconds < best.iteration_seconds * (1 - 1e-9)):
-                        best, best_at = pipe, (positions, starts)
+                problems.append(self._problem(nodes, positions, starts, m, stages, schedule == "gpipe"))
+        search = _Search(bound, schedule or "1f1b")
+        # First the cheap bound alone, for a good incumbent; then again, proving it with the
+        # exact front DP only where the cheap bound stays under that incumbent.
+        for prob in problems:
+            self._branch_and_bound(prob, search, fronts=False)
+        search.lower_bounds.clear()
+        for prob in problems:
+            self._branch_and_bound(prob, search, fronts=True)
+        best = search.best
         if best is not None:
-            # Refine: sweep caps finely just under the winner's slowest step (a better-balanced
-            # split often hides between two of the coarse caps).
-            worst = max(max((st.cost.fwd_seconds + st.cost.bwd_seconds) for st in best.stages),
-                        max(st.cost.send_fwd_seconds + st.cost.send_bwd_seconds for st in best.stages))
-            caps = list(worst * np.linspace(0.5, 1.0, CAPS))
-            for cand in self._dp(*best_at, best.microbatches, stages, caps=caps):
-                explored += 1
-                pipe = self._best_schedule(cand, best.microbatches, schedule, stages)
-                if pipe is not None and pipe.iteration_seconds < best.iteration_seconds * (1 - 1e-9):
-                    best = pipe
-            best.search = {"group_syntheses": self.group_syntheses, "candidates_priced": explored,
-                           "cut_candidates": len(self.cuts) - 2, "exact": False,
+            lower = min([best.iteration_seconds] + search.lower_bounds)
+            gap = max(0.0, (best.iteration_seconds - lower) / best.iteration_seconds)
+            best.search = {"group_syntheses": self.group_syntheses, "candidates_priced": search.priced,
+                           "dp_runs": search.dp_runs, "front_dp_runs": search.pareto_runs, "cut_candidates": len(self.cuts) - 2,
+                           "exact": bool(gap <= EXACT_TOLERANCE), "gap": float(gap), "lower_bound_seconds": float(lower),
                            "seconds": time.perf_counter() - started}
         return best
 
-    def _best_schedule(self, cand: list[tuple[_Group, int, int]], m: int, schedule: str | None,
-                       stages: int | None) -> Pipeline | None:
-        best = None
-        for sched in ([schedule] if schedule else SCHEDULES):
-            pipe = self._price(cand, m, sched)
-            if pipe is None or (stages is None and len(pipe.stages) < 2):
-                continue
-            if best is None or pipe.iteration_seconds < best.iteration_seconds * (1 - 1e-9):
-                best = pipe
-        return best
-
-    def _dp(self, positions: list[int], starts: dict[int, list[_Group]], m: int,
-            forced_stages: int | None, caps: Sequence[float] | None = None) -> list[list[tuple[_Group, int, int]]]:
-        """Stage lists ``[(group, first cut, stop cut), ...]``: one DP optimum per step cap."""
-        cuts_n = len(self.cuts)
+    # ---- the exact search: a DP per step cap, caps bisected with bounds ----------------------------
+    def _problem(self, nodes: list[list[int]], positions: list[int], starts: dict[int, list[_Group]], m: int,
+                 forced_stages: int | None, gpipe_memory: bool) -> _Problem:
+        """One device order at one micro-batch count: every group at every position, priced for
+        every cut pair (what the DP adds per stage)."""
+        c = len(self.cuts)
+        flat = [r for node in nodes for r in node]
         pos_index = {p: i for i, p in enumerate(positions)}
-        n_pos = len(positions)
-        max_stages = forced_stages or min(n_pos - 1, cuts_n - 1, 16)
-        links: dict[tuple[str, int], np.ndarray] = {}
-        mats: dict[int, list[tuple[_Group, dict, np.ndarray]]] = {}
-        for a, groups in starts.items():
-            mats[a] = []
-            for g in groups:
+        fwd_bytes = self.fwd_bytes[self.cuts] / m
+        bwd_bytes = self.bwd_bytes[self.cuts] / m
+        blocked = 1.0 - self.cluster.comm_overlap
+        arcs: list[_Arc] = []
+        for a in sorted(starts):
+            for g in starts[a]:
                 if len(g.ranks) > max(1, self.batch // m):
                     continue                     # a member would get no sample of a micro-batch
                 mat = self.matrices(g, m)
-                link = self._link_after(g, starts)
-                key = (str(g.ranks), g.end)
-                if key not in links:
-                    xf = np.array([send_seconds(link, b / m) for b in self.fwd_bytes[self.cuts]])
-                    xb = np.array([send_seconds(link, b / m) for b in self.bwd_bytes[self.cuts]])
-                    links[key] = xf + xb
-                mats[a].append((g, mat, links[key]))
-        if caps is None:
-            steps = np.concatenate([mat["step"][np.isfinite(mat["step"])].ravel()
-                                    for gs in mats.values() for _, mat, _ in gs])
-            caps = sorted(set(np.quantile(steps, np.linspace(0.0, 1.0, CAPS)).tolist())) + [np.inf]
-        caps = np.array(caps)
-        n_caps = len(caps)
-        # value[k, cap, position, cut]: least sum of steps covering the graph from ``cut`` with k
-        # stages on the devices from ``position`` on, every step under the cap (all caps at once).
-        value = np.full((max_stages + 1, n_caps, n_pos, cuts_n), np.inf)
-        value[0, :, :, cuts_n - 1] = 0.0
-        take_group = np.full((max_stages + 1, n_caps, n_pos, cuts_n), -1, dtype=np.int64)
-        take_cut = np.zeros((max_stages + 1, n_caps, n_pos, cuts_n), dtype=np.int64)
-        last = np.arange(cuts_n) == cuts_n - 1
-        for k in range(1, max_stages + 1):
-            need = min(m, k)
-            for pi in range(n_pos - 1, -1, -1):
-                for gi, (g, mat, x) in enumerate(mats.get(positions[pi], [])):
-                    nxt = value[k - 1, :, pos_index[g.end]]                      # [caps, cuts]
-                    xk = np.where(last, 0.0, x)
-                    ok = np.isfinite(mat["step"]) & (mat["inflight_max"] >= need)
-                    worst = np.maximum(mat["step"], xk[None, :])                 # [cuts, cuts]
-                    allowed = ok[None] & (worst[None] <= caps[:, None, None])     # [caps, cuts, cuts]
-                    total = np.where(allowed, (mat["step"] + xk[None, :])[None] + nxt[:, None, :], np.inf)
-                    j = np.argmin(total, axis=2)                                  # [caps, cuts]
-                    t = np.take_along_axis(total, j[:, :, None], axis=2)[:, :, 0]
-                    better = t < value[k, :, pi] - 1e-15
-                    value[k, :, pi] = np.where(better, t, value[k, :, pi])
-                    take_group[k, :, pi] = np.where(better, gi, take_group[k, :, pi])
-                    take_cut[k, :, pi] = np.where(better, j, take_cut[k, :, pi])
-        found: list[list[tuple[_Group, int, int]]] = []
-        seen: set[tuple] = set()
-        ks = [forced_stages] if forced_stages else range(1, max_stages + 1)
-        for ci_cap in range(n_caps):
-            for k in ks:
-                if k > max_stages or not np.isfinite(value[k, ci_cap, 0, 0]) or (k == 1 and m > 1):
+                after = self._link_after(g, starts)
+                before = link_between(self.cluster, (flat[a - 1],), g.ranks) if a > 0 else None
+                xf, xb = self._sends(after, fwd_bytes, bwd_bytes)
+                xf[c - 1] = xb[c - 1] = 0.0          # the last stage sends nothing on
+                bf, bb = self._sends(before, fwd_bytes, bwd_bytes)
+                bf[0] = bb[0] = 0.0                  # the first stage receives nothing
+                step = mat["step"] + blocked * (xf[None, :] + bf[:, None] + xb[None, :] + bb[:, None])
+                link = xf + xb
+                busy = step + link[None, :]
+                tail = mat["exposed"] + mat["tail"]
+                cost = busy.copy()
+                cost[0] = cost[0] + tail[0]
+                ahead = mat["fwd"] + blocked * (xf[None, :] + bf[:, None]) + xf[None, :]
+                gate = np.maximum(step, link[None, :])
+                arcs.append(_Arc(g, pos_index[a], pos_index[g.end], cost, gate, mat["inflight_max"],
+                                 busy, busy + tail, ahead))
+        max_stages = forced_stages or min(len(positions) - 1, c - 1, MAX_STAGES)
+        ks = [forced_stages] if forced_stages else list(range(2, max_stages + 1))
+        finite = [a.gate[np.isfinite(a.gate)] for a in arcs]
+        steps = np.unique(np.concatenate(finite)) if finite else np.zeros(0)
+        return _Problem(m, len(positions), arcs, max_stages, ks, gpipe_memory, steps)
+
+    def _sends(self, link: Link | None, fwd_bytes: np.ndarray, bwd_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds to send the activations (and their gradients back) of every cut over ``link``."""
+        key = (link, float(fwd_bytes.sum()))
+        if key not in self._send_cache:
+            self._send_cache[key] = (np.array([send_seconds(link, b) for b in fwd_bytes]),
+                                     np.array([send_seconds(link, b) for b in bwd_bytes]))
+        xf, xb = self._send_cache[key]
+        return xf.copy(), xb.copy()
+
+    def _branch_and_bound(self, prob: _Problem, search: _Search, fronts: bool) -> None:
+        """The least ``(m - 1) * B + W + e0`` over step caps ``B``, exactly: caps are bisected over
+        the distinct step values; an interval of caps is dropped when its lower bound reaches
+        the best pipeline priced so far (module docstring)."""
+        if not prob.arcs or not len(prob.steps):
+            return
+        least_step = self._least_bottleneck(prob)
+        if not math.isfinite(least_step):
+            return                                   # nothing fits
+        steps = prob.steps
+        lo = int(np.searchsorted(steps, least_step))
+        pending = [(0.0, lo, len(steps) - 1)]        # (lower bound, first cap index, last cap index)
+        while pending:
+            pending = [iv for iv in pending if search.open(iv[0])]
+            if not pending:
+                break
+            if search.dp_runs >= DP_RUN_LIMIT:
+                search.lower_bounds.extend(iv[0] for iv in pending)      # unexplored: counted in the gap
+                break
+            pending.sort()
+            batch, pending = pending[:CAP_BATCH], pending[CAP_BATCH:]
+            caps = steps[[hi for _, _, hi in batch]]
+            value, pick_arc, pick_cut = self._dp(prob, caps)
+            search.dp_runs += 1
+            for b, (_, first, hi) in enumerate(batch):
+                totals = [value[k, b, 0, 0] for k in prob.ks]
+                least = float(min(totals))
+                if not math.isfinite(least):
+                    continue                          # no plan under this cap, nor under any smaller
+                k = prob.ks[int(np.argmin(totals))]
+                chosen = self._walk(prob, pick_arc, pick_cut, b, k)
+                bottleneck = max(float(arc.gate[i, j]) for arc, i, j in chosen)
+                t = int(np.searchsorted(steps, bottleneck))
+                search.consider(self, chosen, prob.m)
+                if fronts and search.open((prob.m - 1) * steps[t] + least) and search.pareto_runs < FRONT_RUN_LIMIT and \
+                        _pipeline_sum(chosen) + _tail_excess(chosen) > least * (1 + EXACT_TOLERANCE):
+                    # A later stage's tail ends the iteration: the bound W + e0 is not tight here.
+                    # The exact DP over (W, V) fronts prices the cap instead.
+                    exact = self._pareto_dp(prob, float(steps[hi]), search.upper - (prob.m - 1) * steps[first])
+                    search.pareto_runs += 1
+                    if exact is not None:
+                        least, chosen = exact
+                        if not chosen:
+                            continue
+                        bottleneck = max(float(arc.gate[i, j]) for arc, i, j in chosen)
+                        t = int(np.searchsorted(steps, bottleneck))
+                        search.consider(self, chosen, prob.m)
+                search.lower_bounds.append((prob.m - 1) * steps[t] + least)
+                if t > first:
+                    mid = (first + t - 1) // 2
+                    pending.append(((prob.m - 1) * steps[first] + least, first, mid))
+                    if mid + 1 <= t - 1:
+                        pending.append(((prob.m - 1) * steps[mid + 1] + least, mid + 1, t - 1))
+
+    def _gates(self, prob: _Problem, k: int) -> list[np.ndarray]:
+        """Each arc's step gate with the stages that cannot hold their in-flight micro-batches
+        (``min(m, k)`` under 1F1B with ``k`` stages from here on, all ``m`` under GPipe) closed."""
+        need = prob.m if prob.gpipe_memory else min(prob.m, k)
+        if need not in prob.gates:
+            prob.gates[need] = [np.where(a.inflight_max >= need, a.gate, np.inf) for a in prob.arcs]
+        return prob.gates[need]
+
+    def _least_bottleneck(self, prob: _Problem) -> float:
+        """The smallest slowest step of any plan that fits (a min-max DP)."""
+        c = len(self.cuts)
+        worst = np.full((prob.max_stages + 1, prob.n_pos, c), np.inf)
+        worst[0, :, c - 1] = 0.0
+        for k in range(1, prob.max_stages + 1):
+            for arc, gate in zip(prob.arcs, self._gates(prob, k)):
+                nxt = worst[k - 1, arc.end]
+                best = np.maximum(gate, nxt[None, :]).min(axis=1)
+                np.minimum(worst[k, arc.start], best, out=worst[k, arc.start])
+        return float(min(worst[k, 0, 0] for k in prob.ks))
+
+    def _dp(self, prob: _Problem, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``value[k, b, p, i]``: the least ``W + e0`` covering cuts ``i..end`` with ``k`` stages on
+        the devices from position ``p`` on, every step under ``caps[b]``; and the choices."""
+        c, n_caps = len(self.cuts), len(caps)
+        shape = (prob.max_stages + 1, n_caps, prob.n_pos, c)
+        value = np.full(shape, np.inf)
+        value[0, :, :, c - 1] = 0.0
+        pick_arc = np.full(shape, -1, dtype=np.int32)
+        pick_cut = np.zeros(shape, dtype=np.int32)
+        cap = caps[:, None, None]
+        for k in range(1, prob.max_stages + 1):
+            for ai, (arc, gate) in enumerate(zip(prob.arcs, self._gates(prob, k))):
+                nxt = value[k - 1, :, arc.end]                                   # [caps, cuts]
+                if not np.isfinite(nxt).any():
                     continue
-                plan = []
-                pi, ci = 0, 0
-                for kk in range(k, 0, -1):
-                    g = mats[positions[pi]][int(take_group[kk, ci_cap, pi, ci])][0]
-                    cj = int(take_cut[kk, ci_cap, pi, ci])
-                    plan.append((g, ci, cj))
-                    pi, ci = pos_index[g.end], cj
-                sig = tuple((g.ranks, a, b) for g, a, b in plan)
-                if sig not in seen:
-                    seen.add(sig)
-                    found.append(plan)
-        return found
+                total = np.where(gate[None] <= cap, arc.cost[None] + nxt[:, None, :], np.inf)
+                j = total.argmin(axis=2)
+                t = np.take_along_axis(total, j[:, :, None], axis=2)[:, :, 0]
+                here = value[k, :, arc.start]
+                better = t < here
+                if better.any():
+                    here[better] = t[better]
+                    pick_arc[k, :, arc.start][better] = ai
+                    pick_cut[k, :, arc.start][better] = j[better]
+        return value, pick_arc, pick_cut
+
+    def _pareto_dp(self, prob: _Problem, cap: float,
+                   limit: float) -> tuple[float, list[tuple[_Arc, int, int]]] | None:
+        """The least exact ``V = W + H`` under one step cap, below ``limit``, and its stages
+        (empty when none is below); None when a front outgrew :data:`FRONT_WIDTHS` (the caller
+        keeps its bound).
+
+        ``V = max(w + x + e + W_rest, f + x_f + V_rest)`` for a stage followed by the rest, so
+        each state keeps its Pareto front of ``(W, V)`` pairs (a pair worse in both can never
+        end better). A pair is dropped once the least forward time of any stages before it
+        plus its ``V`` reaches ``limit``: the whole plan's ``V`` can only be larger."""
+        for width in FRONT_WIDTHS:
+            found = self._pareto_fronts(prob, cap, width, limit)
+            if found is not None:
+                return found
+        return None
+
+    def _least_ahead(self, prob: _Problem) -> np.ndarray:
+        """``[p, i]``: the least sum of ``f + x_f`` of stages covering cuts ``0..i`` on the
+        devices before position ``p`` (caps and memory ignored: a bound)."""
+        if prob.ahead is None:
+            c = len(self.cuts)
+            ahead = np.full((prob.n_pos, c), np.inf)
+            ahead[0, 0] = 0.0
+            for arc in sorted(prob.arcs, key=lambda a: a.start):
+                reach = np.where(np.isfinite(arc.gate), ahead[arc.start][:, None] + arc.ahead, np.inf).min(axis=0)
+                np.minimum(ahead[arc.end], reach, out=ahead[arc.end])
+            prob.ahead = ahead
+        return prob.ahead
+
+    def _pareto_fronts(self, prob: _Problem, cap: float, width: int, limit: float):
+        c, n_pos, top = len(self.cuts), prob.n_pos, prob.max_stages
+        before = self._least_ahead(prob)
+        jj, ff = np.meshgrid(np.arange(c), np.arange(width), indexing="ij")
+        front_w = np.full((top + 1, n_pos, c, width), np.inf)
+        front_v = np.full((top + 1, n_pos, c, width), np.inf)
+        front_w[0, :, c - 1, 0] = 0.0
+        front_v[0, :, c - 1, 0] = -np.inf           # no stage after the last: its own end decides
+        pick = np.full((top + 1, n_pos, c, width, 3), -1, dtype=np.int32)   # (arc, next cut, next entry)
+        rows = np.arange(c)
+        by_start: dict[int, list[int]] = {}
+        for ai, arc in enumerate(prob.arcs):
+            by_start.setdefault(arc.start, []).append(ai)
+        for k in range(1, top + 1):
+            gates = self._gates(prob, k)
+            for p, arc_ids in by_start.items():
+                ws, vs, ids = [], [], []
+                for ai in arc_ids:
+                    arc = prob.arcs[ai]
+                    rest_w, rest_v = front_w[k - 1, arc.end], front_v[k - 1, arc.end]      # [c, width]
+                    if not np.isfinite(rest_w).any():
+                        continue
+                    ok = (gates[ai] <= cap)[:, :, None]
+                    w = np.where(ok, arc.busy[:, :, None] + rest_w[None], np.inf)
+                    v = np.where(ok, np.maximum(arc.busy_tail[:, :, None] + rest_w[None],
+                                                arc.ahead[:, :, None] + rest_v[None]), np.inf)
+                    v[v + before[p][:, None, None] >= limit] = np.inf
+                    w[np.isinf(v)] = np.inf
+                    ws.append(w.reshape(c, -1))
+                    vs.append(v.reshape(c, -1))
+                    ids.append(np.stack([np.full(c * width, ai), jj.ravel(), ff.ravel()], axis=1))
+                if not ws:
+                    continue
+                w_all, v_all, id_all = np.concatenate(ws, axis=1), np.concatenate(vs, axis=1), np.concatenate(ids)
+                live = np.isfinite(w_all)
+                for q in range(width):
+                    if not live.any():
+                        break
+                    v_live = np.where(live, v_all, np.inf)
+                    least_v = v_live.min(axis=1, keepdims=True)
+                    at = np.where(live & (v_live == least_v), w_all, np.inf).argmin(axis=1)
+                    has = live[rows, at]
+                    front_w[k, p, has, q] = w_all[rows, at][has]
+                    front_v[k, p, has, q] = v_all[rows, at][has]
+                    pick[k, p, has, q] = id_all[at][has]
+                    live &= w_all < np.where(has, w_all[rows, at], -np.inf)[:, None]
+                if live.any():
+                    return None                       # the front did not fit: a wider one is needed
+        best, where = np.inf, None
+        for k in prob.ks:
+            q = int(np.argmin(front_v[k, 0, 0]))
+            if front_v[k, 0, 0, q] < best:
+                best, where = float(front_v[k, 0, 0, q]), (k, q)
+        if where is None:
+            return math.inf, []
+        chosen = []
+        (k, q), p, i = where, 0, 0
+        for kk in range(k, 0, -1):
+            ai, j, nq = (int(v) for v in pick[kk, p, i, q])
+            arc = prob.arcs[ai]
+            chosen.append((arc, i, j))
+            p, i, q = arc.end, j, nq
+        return best, chosen
+
+    @staticmethod
+    def _walk(prob: _Problem, pick_arc: np.ndarray, pick_cut: np.ndarray, b: int,
+              k: int) -> list[tuple[_Arc, int, int]]:
+        chosen = []
+        p = i = 0
+        for kk in range(k, 0, -1):
+            arc = prob.arcs[int(pick_arc[kk, b, p, i])]
+            j = int(pick_cut[kk, b, p, i])
+            chosen.append((arc, i, j))
+            p, i = arc.end, j
+        return chosen
 
     def _link_after(self, group: _Group, starts: dict[int, list[_Group]]) -> Link | None:
         """The link to whichever group starts right after ``group`` (same node: its link)."""
@@ -471,6 +726,21 @@ def pipeline_even(planner: StagePlanner) -> Pipeline | None:
         if pipe is not None and (best is None or pipe.iteration_seconds < best.iteration_seconds):
             best = pipe
     return best
+
+
+def _pipeline_sum(chosen: list[tuple[_Arc, int, int]]) -> float:
+    """W: the stages' steps and sends, summed (one micro-batch through the whole pipeline)."""
+    return sum(float(arc.busy[i, j]) for arc, i, j in chosen)
+
+
+def _tail_excess(chosen: list[tuple[_Arc, int, int]]) -> float:
+    """H = max over stages s of (tail_s - the backward drain before s): how far past the
+    pipeline's end the last stage to finish its gradient sync and optimizer ends."""
+    worst, drained = -math.inf, 0.0
+    for arc, i, j in chosen:
+        worst = max(worst, float(arc.busy_tail[i, j] - arc.busy[i, j]) - drained)
+        drained += float(arc.busy[i, j] - arc.ahead[i, j])
+    return worst
 
 
 def _all_reduce_seconds(group: Cluster, nbytes: np.ndarray) -> np.ndarray:

@@ -102,10 +102,12 @@ def test_emitted_program_is_standalone_and_readable(name, tmp_path):
     for sibling in ("hapc_local_ops.py", "hapc_collectives.py", f"{name}.py"):
         text = (tmp_path / sibling).read_text()
         assert "import hapc" not in text and "from hapc" not in text, sibling
-    # One forward, a line per step, the user's source lines quoted, the rank as data.
+    # One forward (and a function per repeated block it calls), a line per step, the user's
+    # source lines quoted, the rank as data.
     forwards = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "forward"]
     assert len(forwards) == 1
-    body = ast.get_source_segment(source, forwards[0])
+    blocks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("block_")]
+    body = "\n".join(ast.get_source_segment(source, f) for f in blocks + forwards)
     assert f"# {name}.py:" in body
     graph = program.graph
     for node in graph.nodes:

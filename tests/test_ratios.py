@@ -18,7 +18,7 @@ from synth.ratios import (
     solve_shares,
 )
 
-ALL_BACKENDS = ["highs", "pulp", "cvxpy"]
+ALL_BACKENDS = ["highs", "pulp", "cvxpy", "highspy"]
 GB = 1e9
 
 

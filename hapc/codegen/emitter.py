@@ -8,7 +8,11 @@ the plan pasted in as data and one function:
   module attribute behind each parameter, the RankCtx shape of each local op — so the rank
   is data and every rank runs the same code;
 * ``forward(rt, v)``: one line per program step with named values, the user's source line
-  above the ops it produced, and the layout change and collective of each redistribution.
+  above the ops it produced, and the layout change and collective of each redistribution;
+* a function per repeated block of steps (a transformer layer), written once and called per
+  layer (:mod:`hapc.codegen.blocks` finds them, :mod:`hapc.codegen.by_block` writes them), and
+  per-layer table rows written as loops (:mod:`hapc.codegen.indexed`), so the program grows
+  with the distinct blocks of the model, not its depth.
 
 Beside it go a copy of the model file and copies of :mod:`hapc.runtime.local_ops` and
 :mod:`hapc.runtime.collectives`, so the directory runs anywhere torch does.
@@ -29,6 +33,9 @@ from typing import Any
 import torch
 
 from costmodel.simulator import factor_synced_params
+from hapc.codegen import by_block
+from hapc.codegen.blocks import Block, find_blocks
+from hapc.codegen.indexed import literal, render_dict, render_tuple
 from hapc.ir.graph import Node, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute, empty_ranks
@@ -44,7 +51,8 @@ END = "# ==== generated: tables and forward (end) ===="
 OPTIMIZERS = ("adamw", "adam", "sgd")
 # Names the generated forward uses for itself; values never take them.
 HIER = collectives_module.HIERARCHICAL
-RESERVED = {"rt", "v", "aten", "torch", "math", "L", "C", "M", "forward"}
+RESERVED = {"rt", "v", "aten", "torch", "math", "L", "C", "M", "forward", "nodes", "params", "Any"}
+BLOCK_FUNCTION = re.compile(r"block_\d+")     # names of the block functions (hapc.codegen.by_block)
 
 
 def emit(program: DistProgram, model_file: str, out_dir: str, *, model_kwargs: dict | None = None,
@@ -99,9 +107,10 @@ def render(program: DistProgram, model_name: str, *, model_kwargs: dict, optimiz
     doc_end = ast.parse(skeleton).body[0].end_lineno
     head = "\n".join(head.splitlines()[doc_end:])
     names = _Names(program)
-    body = _tables(program, names, model_name, model_kwargs, optimizer, seed, cluster) + "\n" + \
+    blocks = find_blocks(program)       # repeated layers: written once, called per layer
+    body = _tables(program, names, model_name, model_kwargs, optimizer, seed, cluster, blocks) + "\n" + \
         _precision_tables(precision) + "\n\n\n" + \
-        _forward(program, names, cluster)
+        _forward(program, names, cluster, blocks)
     return _docstring(program, model_name, plan_summary) + head.rstrip("\n") + "\n\n" + BEGIN + "\n" + body + \
         "\n" + END + tail
 
@@ -120,7 +129,7 @@ class _Names:
             if base[0].isdigit() or keyword.iskeyword(base):
                 base = f"v_{base}"
             ident, i = base, 1
-            while ident in taken:
+            while ident in taken or BLOCK_FUNCTION.fullmatch(ident):
                 i += 1
                 ident = f"{base}_{i}"
             taken.add(ident)
@@ -133,9 +142,13 @@ class _Names:
 # ---- tables ----------------------------------------------------------------------------------
 
 def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: dict, optimizer: str,
-            seed: int, cluster: Any) -> str:
+            seed: int, cluster: Any, blocks: list[Block] = ()) -> str:
     graph = program.graph
     layouts = program.layouts()
+    # Values and nodes of a block's later calls never appear in the program's text: the block
+    # function is written with its first call's names, so only those are looked up.
+    hidden_values, hidden_nodes = by_block.later_calls(program, blocks)
+    order = _value_order(program)
     loss_layout = layouts[graph.output]
     lines = [
         f"MODEL_FILE = {model_name!r}",
@@ -143,35 +156,48 @@ def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: 
         f"SEED = {seed!r}",
         f"OPTIMIZER = {optimizer!r}             # unless the model file defines optimizer(params)",
         f"WORLD = {program.world}",
-        f"SHARES: tuple[float, ...] = {tuple(round(s, 6) for s in program.shares)!r}   # each rank's share",
+        f"SHARES: tuple[float, ...] = {literal(tuple(round(s, 6) for s in program.shares))}   # each rank's share",
         f"HIERARCHICAL = {_uses_hierarchical(program, cluster)}",
         f"LOSS, LOSS_PARTIAL = {graph.output!r}, {isinstance(loss_layout, Partial)}",
         f"# The loss is {_describe(loss_layout)}.",
         "",
         "# Where the sources come from (program value -> module attribute). A sharded one",
         "# (listed in SHARDS) starts as this rank's piece of the initial tensor.",
-        _dict("PARAMS: dict[str, str]", {p: graph.values[p].target for p in graph.params}),
-        _dict("BUFFERS: dict[str, str]", {b: graph.values[b].target for b in graph.buffers}),
-        _dict("CONSTANTS: dict[str, str]", {n: v.target for n, v in graph.values.items() if v.kind == "constant"}),
+        render_dict("PARAMS: dict[str, str]", [(p, graph.values[p].target) for p in graph.params]),
+        render_dict("BUFFERS: dict[str, str]", [(b, graph.values[b].target) for b in graph.buffers]),
+        render_dict("CONSTANTS: dict[str, str]", [(n, v.target) for n, v in graph.values.items() if v.kind == "constant"]),
         f"INPUTS: tuple[str, ...] = {tuple(graph.inputs)!r}   # model inputs, in call order",
         "",
         "# Every sharded value: (dim, piece length on rank 0, 1, ...). Rank r holds",
         "# [offset_r, offset_r + length_r) of dim, offsets being running sums of the lengths.",
-        _dict("SHARDS: dict[str, tuple[int, tuple[int, ...]]]", _shards(program, layouts)),
+        render_dict("SHARDS: dict[str, tuple[int, tuple[int, ...]]]",
+                    sorted([kv for kv in _shards(program, layouts).items() if kv[0] not in hidden_values],
+                           key=lambda kv: order.get(kv[0], -1))),
         "",
         "# Local ops: node -> (aten op, values read, values written, global output shapes);",
         "# Rank.ctx turns a row into the RankCtx the op gets on this rank.",
-        _dict("LOCAL_CALLS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]]",
-              _local_calls(program)),
+        render_dict("LOCAL_CALLS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]]",
+                    [kv for kv in _local_calls(program).items() if kv[0] not in hidden_nodes]),
         "",
         "# Replicated trainable parameters, in the order their gradients become ready in",
         "# backward: their gradients are all-reduced in buckets in this order.",
-        _tuple("GRAD_SYNC_ORDER: tuple[str, ...]", _grad_sync_order(program)),
+        render_tuple("GRAD_SYNC_ORDER: tuple[str, ...]", list(_grad_sync_order(program))),
         "",
         "# Ranks per node, in the cluster file's order (a multi-node launch is checked against it).",
-        f"NODE_SIZES: tuple[int, ...] = {_node_sizes(program, cluster)!r}",
+        f"NODE_SIZES: tuple[int, ...] = {literal(_node_sizes(program, cluster))}",
     ]
     return "\n".join(lines)
+
+
+def _value_order(program: DistProgram) -> dict[str, int]:
+    """Sources in graph order, then values in the order steps make them: a table in this order
+    reads as the program runs, whatever order a loaded plan's dicts came in."""
+    graph = program.graph
+    order = graph.params + graph.buffers + [n for n, x in graph.values.items() if x.kind == "constant"] + graph.inputs
+    nodes = {n.name: n for n in graph.nodes}
+    for step in program.steps:
+        order += [step.out] if isinstance(step, Redistribute) else list(nodes[step.node].outputs)
+    return {name: i for i, name in enumerate(dict.fromkeys(order))}
 
 
 def _node_sizes(program: DistProgram, cluster: Any) -> tuple[int, ...]:
@@ -258,18 +284,31 @@ def _grad_sync_order(program: DistProgram) -> tuple[str, ...]:
 
 # ---- forward ---------------------------------------------------------------------------------
 
-def _forward(program: DistProgram, names: _Names, cluster: Any) -> str:
+def _forward(program: DistProgram, names: _Names, cluster: Any, blocks: list[Block] = ()) -> str:
     graph = program.graph
-    nodes = {n.name: n for n in graph.nodes}
-    lines = ["def forward(rt: Rank, v: dict[str, torch.Tensor]) -> torch.Tensor:",
-             '    """One training forward on this rank\'s pieces; returns its piece of the loss."""']
     sources = graph.params + graph.buffers + [n for n, x in graph.values.items() if x.kind == "constant"] + \
         graph.inputs
+    if blocks:
+        return by_block.render(program, blocks, names, sources,
+                               lambda steps, ctx=None: _step_lines(program, steps, names, cluster, ctx))
+    lines = ["def forward(rt: Rank, v: dict[str, torch.Tensor]) -> torch.Tensor:",
+             '    """One training forward on this rank\'s pieces; returns its piece of the loss."""']
     lines.append("    # sources: this rank's pieces of parameters, buffers and inputs")
     for name in sources:
         lines.append(f"    {names[name]} = v[{name!r}]")
+    lines += _step_lines(program, program.steps, names, cluster)
+    lines.append(f"    return {names[graph.output]}")
+    return "\n".join(lines) + "\n"
+
+
+def _step_lines(program: DistProgram, steps: list, names: _Names, cluster: Any, ctx: Any = None) -> list[str]:
+    """One line per step, the user's source line above the ops it produced. ``ctx(node)``, when
+    given, is the source that makes a local op's RankCtx (a block function passes the call's name)."""
+    graph = program.graph
+    nodes = {n.name: n for n in graph.nodes}
+    lines: list[str] = []
     last_source = None
-    for step in program.steps:
+    for step in steps:
         if isinstance(step, Redistribute):
             lines += _redistribute(program, step, names, cluster)
             continue
@@ -279,16 +318,15 @@ def _forward(program: DistProgram, names: _Names, cluster: Any) -> str:
             code = f"  {loc.code}" if loc.code else ""
             lines.append(f"    # {os.path.basename(loc.file)}:{loc.line}{code}")
             last_source = (loc.file, loc.line)
-        lines += _compute(program, node, step, names)
+        lines += _compute(program, node, step, names, ctx)
         if node.mutates and node.mutates in graph.values and graph.values[node.mutates].kind == "buffer" \
                 and node.outputs:
             lines.append(f"    rt.write_back({names[node.mutates]}, {names[node.outputs[0]]})"
                          f"   # {node.op} ran in place on a buffer")
-    lines.append(f"    return {names[graph.output]}")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
-def _compute(program: DistProgram, node: Node, step: Compute, names: _Names) -> list[str]:
+def _compute(program: DistProgram, node: Node, step: Compute, names: _Names, ctx: Any = None) -> list[str]:
     strat = step.strategy
     reads = iter(step.inputs)
     args = [_literal(a, reads, names) for a in node.args]
@@ -306,7 +344,8 @@ def _compute(program: DistProgram, node: Node, step: Compute, names: _Names) -> 
         note = f"   # -> {layouts}" if not strat.is_replicated else ""
     else:
         fn = local_ops_module.LOCAL_OPS[strat.local]
-        call = f"L.{strat.local}({', '.join([f'rt.ctx({node.name!r})'] + args + kwargs)})"
+        made = ctx(node.name) if ctx is not None else f"rt.ctx({node.name!r})"
+        call = f"L.{strat.local}({', '.join([made] + args + kwargs)})"
         if inspect.isgeneratorfunction(fn):
             call = f"rt.drive({call})"
         lhs = outs[0] if len(outs) == 1 else ", ".join(outs)
@@ -440,11 +479,36 @@ def _uses_hierarchical(program: DistProgram, cluster: Any) -> bool:
 
 # ---- docstring -------------------------------------------------------------------------------
 
+_RANK_ROW = re.compile(r"^(\s*)(\d+)(\s+)(\d+)(\s.*)$")     # "  12    1 A100-80GB  0.004 ..."
+
+
+def _same_ranks_once(lines: list[str]) -> list[str]:
+    """The summary's per-rank rows, consecutive ranks that read the same after their rank and
+    node numbers written once with the range they cover (256 devices, two kinds: two rows)."""
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        row = _RANK_ROW.match(lines[i])
+        j = i
+        while row and j + 1 < len(lines) and (nxt := _RANK_ROW.match(lines[j + 1])) and nxt.group(5) == row.group(5):
+            j += 1
+        out.append(lines[i])
+        if j - i >= 2:
+            last = _RANK_ROW.match(lines[j])
+            nodes = f"node {row.group(4)}" if row.group(4) == last.group(4) else \
+                f"nodes {row.group(4)}-{last.group(4)}"
+            out.append(f"{row.group(1)}... ranks {row.group(2)}-{last.group(2)} ({nodes}) alike")
+        elif j > i:
+            out.append(lines[j])
+        i = j + 1
+    return out
+
+
 def _docstring(program: DistProgram, model_name: str, plan_summary: str) -> str:
     n = program.world
     shares = " / ".join(f"{s:.3f}" for s in program.shares)
     collectives = sum(1 for s in program.steps if isinstance(s, Redistribute))
-    summary = "\n".join(plan_summary.strip().splitlines()) if plan_summary.strip() else \
+    summary = "\n".join(_same_ranks_once(plan_summary.strip().splitlines())) if plan_summary.strip() else \
         f"{len(program.steps)} steps ({collectives} redistributions), shares {shares}"
     summary = summary.replace('"""', "'''").replace("\\", "\\\\")
     return f'''"""Distributed training of {model_name} on {n} ranks: an SPMD program generated by hapc.
@@ -459,7 +523,8 @@ Run (N = {n}; the rank's device comes from torchrun's LOCAL_RANK):
 
 Files beside this one: {model_name} (the model file), hapc_local_ops.py, hapc_collectives.py,
 hapc_checkpoint.py and hapc_timings.py (the runtime). Only torch is needed. The plan is data (the tables below); ``forward`` is one
-line per step of the plan, with the user's source line above the ops it produced.
+line per step of the plan, with the user's source line above the ops it produced; a block of steps
+repeated layer after layer is one function (``block_<k>``) that ``forward`` calls once per layer.
 
 Use it in your own loop (inside an initialised process group, every rank):
 

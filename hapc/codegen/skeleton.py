@@ -88,6 +88,7 @@ class Rank:
         self.device = device
         self.seed = seed
         self.tied: list[torch.Tensor] = []      # differentiable collective results of this step
+        self.ran: list[tuple[str, str]] = []    # (aten op, node) of each local op this step, in order
 
     # -- this rank's piece of a sharded value
     def piece_info(self, name: str):
@@ -107,10 +108,13 @@ class Rank:
         info = self.piece_info(name)
         return value if info is None else L.rescale_to_global(value, info.length, info.global_length)
 
-    def ctx(self, node: str):
-        """The RankCtx a local op of ``node`` gets on this rank."""
+    def ctx(self, node: str, name: str | None = None):
+        """The RankCtx a local op of ``node`` gets on this rank. In a block function ``node`` is
+        the block's first call's node and ``name`` this call's: random draws are keyed by it."""
         op, ins, outs, shapes = LOCAL_CALLS[node]
-        return L.RankCtx(self.rank, WORLD, node, op, tuple(self.piece_info(n) for n in ins),
+        name = node if name is None else name
+        self.ran.append((op, name))
+        return L.RankCtx(self.rank, WORLD, name, op, tuple(self.piece_info(n) for n in ins),
                          tuple(self.piece_info(n) for n in outs), shapes, self.seed, WORLD > 1)
 
     def drive(self, result: Any) -> Any:
@@ -207,7 +211,7 @@ class Trainer:
         v = dict(self.sources)
         for name, x in zip(INPUTS, batch):
             v[name] = (x if local else self.rt.piece(name, x)).to(self.device)
-        self.rt.seed, self.rt.tied = self.seed + self.steps_done, []
+        self.rt.seed, self.rt.tied, self.rt.ran = self.seed + self.steps_done, [], []
         with autocast(self.device):
             loss = C.tie(forward(self.rt, v).reshape(()), self.rt.tied)
         self.rt.tied = []
@@ -307,12 +311,12 @@ def verify_tolerance() -> tuple[float, float]:
 
 
 @contextlib.contextmanager
-def _program_dropout_masks(step_seed: int):
+def _program_dropout_masks(step_seed: int, ran: Sequence[tuple[str, str]]):
     """While the single-device reference runs, ``F.dropout`` (what ``nn.Dropout`` calls) drops
-    what the program dropped: the k-th call uses the mask of the k-th dropout node, in graph
-    order, as the program drew it in the step seeded ``step_seed``. Without this the two sides
-    draw different masks and a model with dropout could never verify."""
-    nodes = iter([n for n, call in LOCAL_CALLS.items() if call[0] == "aten.dropout.default"])
+    what the program dropped: the k-th call uses the mask of the k-th dropout node the program
+    ran (``ran``: Rank.ran of the step seeded ``step_seed``). Without this the two sides draw
+    different masks and a model with dropout could never verify."""
+    nodes = iter([n for op, n in ran if op == "aten.dropout.default"])
     original = torch.nn.functional.dropout
 
     def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
@@ -328,8 +332,7 @@ def _program_dropout_masks(step_seed: int):
     # Attention dropout likewise: the k-th scaled_dot_product_attention call with dropout_p > 0
     # replays the k-th attention node's mask (several ranks: the shared counter-based mask on
     # attention written out; one rank: torch's kernel under the node's seed).
-    attention_nodes = iter([n for n, call in LOCAL_CALLS.items()
-                            if call[0] == "aten.scaled_dot_product_attention.default"])
+    attention_nodes = iter([n for op, n in ran if op == "aten.scaled_dot_product_attention.default"])
     original_sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -358,7 +361,7 @@ def verify(trainer: Trainer, loss: torch.Tensor, batch: Sequence[torch.Tensor]) 
     if trainer.rank == 0:
         ref = trainer.module.to(trainer.device)
         ref.zero_grad(set_to_none=True)
-        with _program_dropout_masks(trainer.seed), autocast(trainer.device):
+        with _program_dropout_masks(trainer.seed, trainer.rt.ran), autocast(trainer.device):
             ref_loss = ref(*[x.to(trainer.device) for x in batch])
         ref_loss.backward()
         checks = [("loss", loss.reshape(()), ref_loss.detach().reshape(()))]
