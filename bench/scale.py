@@ -16,7 +16,11 @@ variables) beside the seconds, so the table says *why* as well as how fast:
 
 Timings on a loaded machine are several times too slow and noisy; compare rows of one run.
 
+* **phases** (``--phases``, nothing saved): CPU seconds of each phase of ``hapc compile`` of
+  the example on 8 and on 256 devices, each in a fresh process.
+
     python -m bench.scale [--repeats 3] [--compile]
+    python -m bench.scale --phases
 """
 
 from __future__ import annotations
@@ -94,11 +98,72 @@ def compile_seconds(repeats: int) -> list[float]:
     return runs
 
 
+def compile_phases(cluster: str) -> dict[str, float]:
+    """CPU seconds of each phase of ``hapc compile`` (the example model) on ``cluster``, in this
+    process from its start: CPU time is less distorted than wall time on a shared machine.
+    Run it in a fresh process (:func:`phases_in_fresh_process`) so that the imports count."""
+    import tempfile
+    from pathlib import Path
+
+    clock = [time.process_time()]
+
+    def mark() -> None:
+        clock.append(time.process_time())
+
+    import torch  # noqa: F401
+    mark()
+    from costmodel.cluster import load_cluster
+    from hapc.api import synthesize
+    from hapc.cli import _trace_model_file
+    from hapc.modelfile import load_model_file
+    from hapc.report import write_report
+    from hapc.tracer import trace
+    mark()
+    model = str(model_path("gpt"))
+    mf = load_model_file(model, {"batch": BATCH})
+    traced = _trace_model_file(mf, trace)
+    mark()
+    plan = synthesize(traced, None, load_cluster(cluster), model_file=model, model_kwargs={"batch": BATCH})
+    mark()
+    with tempfile.TemporaryDirectory() as out:
+        plan.save(Path(out) / "plan.json")
+        write_report(plan, out)
+        plan.emit(out, constants=traced.constants)
+        plan.summary()
+    mark()
+    names = ("torch import", "hapc imports", "trace", "synthesize", "save, report, emit")
+    return {name: b - a for name, a, b in zip(names, clock, clock[1:])}
+
+
+def phases_in_fresh_process(cluster: str) -> dict[str, float]:
+    import json
+
+    code = f"import json; from bench.scale import compile_phases; print(json.dumps(compile_phases({cluster!r})))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs per timing; the median is kept")
     parser.add_argument("--compile", action="store_true", help="also time hapc compile of the 256-device example")
+    parser.add_argument("--phases", action="store_true",
+                        help="only the CPU seconds of each compile phase, example model on 8 and on 256 devices")
     args = parser.parse_args(argv)
+    if args.phases:
+        for name, cluster in (("8", growth_cluster(8, 2)), ("256", str(EXAMPLE))):
+            if isinstance(cluster, dict):            # a file, as hapc compile reads one
+                import tempfile
+
+                import yaml
+
+                with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+                    yaml.safe_dump(cluster, f)
+                cluster = f.name
+            phases = phases_in_fresh_process(cluster)
+            say(f"{name:>3} devices, CPU s: " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
+                + f"; total {sum(phases.values()):.2f}")
+        return 0
     from synth.synthesize import synthesize_program
     from costmodel.cluster import load_cluster
 

@@ -258,6 +258,7 @@ class OverlapSends(Sequence[tuple[float, ...]]):
     def __getitem__(self, r):  # type: ignore[override]
         if isinstance(r, slice):
             return [self[i] for i in range(len(self))[r]]
+        r = range(len(self))[r]             # IndexError past the end; -1 is the last row
         b, full = self.before[r], self.total
         return tuple(0.0 if r == s or full == 0 else b * a / full for s, a in enumerate(self.after))
 

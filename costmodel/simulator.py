@@ -120,16 +120,30 @@ class SimResult:
              f"{self.gap:.2f}x)"),
             (f"gradient all-reduce {self.grad_sync_seconds * ms:.3f} ms, "
              f"{self.exposed_grad_sync_seconds * ms:.3f} ms of it not hidden by backward"),
-            (f"{'rank':>4} {'node':>4} {'device':<12} {'share':>6} {'compute ms':>11} {'comm ms':>9} "
-             f"{'idle ms':>9} {'memory GB':>10} {'of GB':>7}"),
         ]
         fits, peaks = self.memory.fits, self.peak_memory_bytes      # once, not once per row
+        rows = []
         for r, dev in enumerate(self.cluster.devices):
             fit = "" if fits[r] else "  (does not fit)"
-            lines.append(
-                f"{r:>4} {dev.node:>4} {dev.type:<12} {self.shares[r]:6.3f} {self.compute_seconds[r] * ms:11.3f} "
-                f"{self.comm_seconds[r] * ms:9.3f} {self.idle_seconds[r] * ms:9.3f} "
-                f"{peaks[r] / 1e9:10.3f} {dev.memory_bytes / 1e9:7.1f}{fit}")
+            rows.append(f"{dev.type:<12} {self.shares[r]:6.3f} {self.compute_seconds[r] * ms:11.3f} "
+                        f"{self.comm_seconds[r] * ms:9.3f} {self.idle_seconds[r] * ms:9.3f} "
+                        f"{peaks[r] / 1e9:10.3f} {dev.memory_bytes / 1e9:7.1f}{fit}")
+        # Beyond TABLE_ROWS_BEFORE_GROUPING devices, one row per run of consecutive ranks that
+        # read the same ("0-127" on nodes "0-15"): 256 identical rows hide what differs.
+        starts = list(range(len(rows)))
+        if len(rows) > TABLE_ROWS_BEFORE_GROUPING:
+            starts = [r for r in starts if r == 0 or rows[r] != rows[r - 1]]
+        ends = [*starts[1:], len(rows)]
+        width = 4 if len(starts) == len(rows) else 7
+
+        def span(first: int, last: int) -> str:
+            return str(first) if first == last else f"{first}-{last}"
+
+        lines.append(f"{'rank':>{width}} {'node':>{width}} {'device':<12} {'share':>6} {'compute ms':>11} "
+                     f"{'comm ms':>9} {'idle ms':>9} {'memory GB':>10} {'of GB':>7}")
+        for a, b in zip(starts, ends):
+            nodes = span(self.cluster.devices[a].node, self.cluster.devices[b - 1].node)
+            lines.append(f"{span(a, b - 1):>{width}} {nodes:>{width}} {rows[a]}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -137,6 +151,10 @@ class SimResult:
         return (f"SimResult({self.iteration_seconds * 1e3:.3f} ms/iteration on {self.cluster.world} devices, "
                 f"lower bound {self.lower_bound_seconds * 1e3:.3f} ms ({self.gap:.2f}x), "
                 f"peak memory {max(self.peak_memory_bytes) / 1e9:.3g} GB, {fit})")
+
+
+# Up to this many devices the table has one row per rank; beyond, one per run of alike ranks.
+TABLE_ROWS_BEFORE_GROUPING = 32
 
 
 class _Clock:

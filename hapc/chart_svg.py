@@ -31,6 +31,8 @@ def write_svg_chart(plan: Plan, path: str | Path) -> Path:
 
 
 def svg_chart(plan: Plan) -> str:
+    from hapc.report import BARS_BEFORE_GROUPING, rank_runs
+
     ranks = list(range(plan.cluster.world))
     labels = [f"{r}:{d.type}" for r, d in zip(ranks, plan.cluster.devices)]
     sim = plan.sim
@@ -49,6 +51,11 @@ def svg_chart(plan: Plan) -> str:
         title = "time per device by pipeline stage"
     memory_gb = [b / 1e9 for b in plan.memory]
     capacity_gb = [d.memory_bytes / 1e9 for d in plan.cluster.devices]
+    if len(ranks) > BARS_BEFORE_GROUPING:     # one bar per run of alike ranks (256 bars say less)
+        firsts, labels = rank_runs(labels, *series, memory_gb, capacity_gb)
+        series = [[s[r] for r in firsts] for s in series]
+        memory_gb, capacity_gb = [memory_gb[r] for r in firsts], [capacity_gb[r] for r in firsts]
+        ranks = list(range(len(firsts)))
 
     bar_px = 28
     panel_w = max(300, bar_px * len(ranks) + 40)

@@ -110,8 +110,8 @@ def _chart(plan: Plan, path: Path | BinaryIO) -> bool:
         ms, cm, idle = stage_time_split(plan)
     memory = [b / 1e9 for b in plan.memory]
     capacity = [d.memory_bytes / 1e9 for d in plan.cluster.devices]
-    if len(ranks) > _BARS_BEFORE_GROUPING:     # one bar per run of ranks with equal figures
-        firsts, labels = _rank_runs(labels, ms, cm, idle, memory, capacity)
+    if len(ranks) > BARS_BEFORE_GROUPING:     # one bar per run of ranks with equal figures
+        firsts, labels = rank_runs(labels, ms, cm, idle, memory, capacity)
         ms, cm, idle, memory, capacity = ([xs[r] for r in firsts] for xs in (ms, cm, idle, memory, capacity))
     ranks = list(range(len(ms)))
     fig = Figure(figsize=(max(8, 0.5 * len(ranks) + 4), 4))
@@ -139,10 +139,10 @@ def _chart(plan: Plan, path: Path | BinaryIO) -> bool:
 # Up to this many devices the chart has one bar per rank; beyond, one per run of consecutive
 # ranks with the same device and the same figures (256 bars took longer to draw than the plan
 # took to find, and no one reads them).
-_BARS_BEFORE_GROUPING = 32
+BARS_BEFORE_GROUPING = 32
 
 
-def _rank_runs(labels: list[str], *per_rank: list[float]) -> tuple[list[int], list[str]]:
+def rank_runs(labels: list[str], *per_rank: list[float]) -> tuple[list[int], list[str]]:
     """First rank and label of each run of consecutive ranks whose device type and figures
     are all equal: ``"0-127:A100-80GB"``."""
     key = [(label.split(":", 1)[1], *(xs[r] for xs in per_rank)) for r, label in enumerate(labels)]

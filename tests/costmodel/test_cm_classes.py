@@ -120,3 +120,15 @@ def test_without_sharded_dimensions_the_classes_are_device_kinds_and_rank_0():
     prog.invalidate()
     classes = rank_classes(prog, MIXED)
     assert classes.count == 4     # rank 0, then the fast, slow and medium kinds
+
+
+def test_the_table_of_a_big_cluster_has_one_row_per_run_of_alike_ranks():
+    table = simulate(_programs(GROWTH256, 512)[0], GROWTH256).table().splitlines()
+    rows = table[3:]
+    assert table[2].split()[:3] == ["rank", "node", "device"]
+    assert 2 <= len(rows) <= 8                                # not 256
+    assert rows[0].split()[0].startswith("0") and rows[0].split()[2] == "A100-80GB"
+    assert rows[-1].split()[0].endswith("255") and rows[-1].split()[1].endswith("31")
+    assert rows[-1].split()[2] == "V100-32GB"
+    small = simulate(_programs(MIXED, 37)[0], MIXED).table().splitlines()
+    assert len(small) == 3 + MIXED.world                      # small clusters: every rank
