@@ -73,7 +73,8 @@ def synthesize(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] |
     baselines = {k: c.seconds for k, c in result.baselines.items()}
     pipeline = None
     if stages is not None and stages != 1:
-        pipeline = _pipeline(graph, cl, stages, microbatches, schedule, optimizer, baselines, progress)
+        pipeline = _pipeline(graph, cl, stages, microbatches, schedule, optimizer, baselines, progress,
+                             best.seconds)
         if pipeline is not None and stages == "auto" and pipeline.iteration_seconds >= best.seconds:
             pipeline = None        # one stage over all devices is still the fastest
     return Plan(best.program, cl, best.sim, "hapc" if pipeline is not None else best.name, baselines, search,
@@ -97,8 +98,10 @@ def _check_stage_options(traced: Traced, stages: int | str, microbatches: int | 
 
 
 def _pipeline(graph, cluster: Cluster, stages: int | str, microbatches: int | None,
-              schedule: str | None, optimizer: str, baselines: dict[str, float], progress):
-    """The best pipeline (None if none fits) and, as a side effect, the pipeline-even baseline."""
+              schedule: str | None, optimizer: str, baselines: dict[str, float], progress,
+              one_stage_seconds: float) -> Any:
+    """The best pipeline (None if none fits or, with ``stages="auto"``, none beats the best
+    one-stage plan and the pipeline-even baseline) and, as a side effect, that baseline."""
     from hapc.errors import UserError
     from synth.stages import StagePlanner, pipeline_even
 
@@ -107,7 +110,11 @@ def _pipeline(graph, cluster: Cluster, stages: int | str, microbatches: int | No
     if even is not None:
         baselines["pipeline-even"] = float(even.iteration_seconds)
     forced = None if stages == "auto" else int(stages)
-    pipe = planner.plan(stages=forced, microbatches=microbatches, schedule=schedule)
+    # Only a pipeline faster than both the one-stage plan and pipeline-even can win "auto":
+    # the planner prunes every candidate that cannot beat that bound.
+    incumbent = None if forced is not None else min(
+        one_stage_seconds, even.iteration_seconds if even is not None else float("inf"))
+    pipe = planner.plan(stages=forced, microbatches=microbatches, schedule=schedule, incumbent_seconds=incumbent)
     unforced = forced is None and microbatches is None and schedule is None
     if even is not None and unforced and (pipe is None or even.iteration_seconds < pipe.iteration_seconds):
         pipe = even            # never worse than the pipeline-even baseline

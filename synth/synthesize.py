@@ -98,8 +98,7 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
                     round_best, round_overlap = cand, overlap
             assert round_best is not None
             say(f"round {round_ + 1}: {round_best.seconds * 1e3:.3f} ms/iter "
-                f"({'fits' if round_best.fits else 'does not fit'}), shares "
-                + "/".join(f"{s:.3f}" for s in shares))
+                f"({'fits' if round_best.fits else 'does not fit'}), shares " + _shares_text(shares))
             out.rounds.append({"round": round_ + 1, "seconds": round_best.seconds, "fits": round_best.fits,
                                "shares": list(shares), "replicated_params": replicated_params})
             if best is None or _better(round_best, best):
@@ -173,3 +172,16 @@ def _raise_memory(best: Candidate, cluster: Cluster, optimizer, backend: str) ->
     text = ", ".join(f"{gap / 1e9:.2f} GB missing on {d.type}#{d.index}" for d, gap in missing)
     raise MemoryInfeasible(f"no plan fits in memory: {text}",
                            {f"{d.type}#{d.index}": gap for d, gap in missing})
+
+
+def _shares_text(shares: Sequence[float]) -> str:
+    """Shares for a progress line, a run of equal ones written once with its length, so a
+    256-device round reads ``0.004 x128/0.003 x128`` rather than 256 numbers."""
+    texts = [f"{s:.3f}" for s in shares]
+    runs: list[list] = []
+    for text in texts:
+        if runs and runs[-1][0] == text:
+            runs[-1][1] += 1
+        else:
+            runs.append([text, 1])
+    return "/".join(text if n == 1 else f"{text} x{n}" for text, n in runs)
