@@ -23,16 +23,20 @@ HAP64 = REPO / "configs" / "clusters" / "hap-paper-v100x16-p100x48.yaml"
 GPT4 = {"layers": 4, "hidden": 64, "heads": 4, "seq": 16, "vocab": 101, "batch": 8, "dropout": 0.0}
 
 
-@pytest.fixture(scope="module")
-def gpt4(load_model):
+def _trace_gpt_on_meta(load_model, config: dict):
     import torch
 
     from hapc.tracer import trace
 
     mod = load_model("gpt")
     with torch.device("meta"):
-        model = mod.model(**GPT4)
-    return trace(model, tuple(t.to("meta") for t in mod.inputs(**GPT4)))
+        model = mod.model(**config)
+    return trace(model, tuple(t.to("meta") for t in mod.inputs(**config)))
+
+
+@pytest.fixture(scope="module")
+def gpt4(load_model):
+    return _trace_gpt_on_meta(load_model, GPT4)
 
 
 @pytest.fixture(scope="module")
@@ -351,14 +355,7 @@ SMALL_MIXED = REPO / "configs" / "clusters" / "small-mixed.yaml"
 
 @pytest.fixture(scope="module")
 def gpt2l(load_model):
-    import torch
-
-    from hapc.tracer import trace
-
-    mod = load_model("gpt")
-    with torch.device("meta"):
-        model = mod.model(**GPT2L)
-    return trace(model, tuple(t.to("meta") for t in mod.inputs(**GPT2L)))
+    return _trace_gpt_on_meta(load_model, GPT2L)
 
 
 def _every_pipeline(planner, schedules=("1f1b", "gpipe"), stages=None):
