@@ -14,18 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import HAP8, model_path, save_section, say, trace_model
+from bench.common import CLUSTERS_DIR, HAP8, model_path, save_section, say, trace_model
 
 # 16 nodes of 8 A100 and 16 nodes of 8 V100 on a 100 Gb/s network (issue 13's 256 devices).
-CLUSTER_256 = {
-    "name": "a100x128-v100x128",
-    "nodes": [{"count": 16, "devices": [{"type": "A100-80GB", "count": 8}], "intra_link": "nvlink3"},
-              {"count": 16, "devices": [{"type": "V100-32GB", "count": 8}], "intra_link": "nvlink2"}],
-    "network": {"bandwidth_Gbps": 100, "latency_us": 30},
-}
+CLUSTER_256 = CLUSTERS_DIR / "a100x128-v100x128-256gpu.yaml"
 CASES = {
     "gpt48-8dev": ("gpt", {"layers": 48}, str(HAP8)),
-    "gpt12-256dev": ("gpt", {"batch": 512}, CLUSTER_256),
+    "gpt12-256dev": ("gpt", {"batch": 512}, str(CLUSTER_256)),
     "hf_gpt2-8dev": ("hf_gpt2", {}, str(HAP8)),
     "bert-8dev": ("bert", {}, str(HAP8)),
 }

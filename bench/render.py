@@ -349,6 +349,30 @@ def machine_line(res: dict[str, Any]) -> str:
             f"inflated): {loads}.")
 
 
+def program_size_section(res: dict[str, Any]) -> list[str]:
+    """``bench.program_size``: lines of program.py written by block against unrolled."""
+    sizes = {k: v for k, v in (res.get("program_size") or {}).items() if isinstance(v, dict)}
+    if not sizes:
+        return []
+    out = ["## Emitted program size (`python -m bench.program_size`)", "",
+           "| case | unrolled lines | by block lines | calls per block |", "|---|---|---|---|"]
+    for case, r in sizes.items():
+        out.append(f"| {case} | {r['unrolled_lines']} | {r['by_block_lines']} | {r.get('blocks')} |")
+    return out + [""]
+
+
+def replan_section(res: dict[str, Any]) -> list[str]:
+    """``bench.replan_time``: hapc replan against a fresh compile on the changed cluster."""
+    r = res.get("replan")
+    if not r:
+        return []
+    return ["## Re-planning after a lost device (`python -m bench.replan_time`)", "",
+            f"{r['model']} on {r['cluster']}: `hapc replan` {_s(r.get('replan_wall_seconds'), 2)} s "
+            f"({_s(r.get('replan_no_emit_wall_seconds'), 2)} s without program.py), a fresh `hapc compile` "
+            f"{_s(r.get('fresh_compile_wall_seconds'), 1)} s; {r.get('replan_ms_per_iter')} against "
+            f"{r.get('fresh_ms_per_iter')} ms/iter (target {r.get('target_seconds')} s).", ""]
+
+
 def render(res: dict[str, Any]) -> str:
     dates = sorted(v["date"] for v in res.values() if isinstance(v, dict) and "date" in v)
     span = f"{dates[0]} to {dates[-1]}" if dates else "no runs yet"
@@ -360,7 +384,7 @@ def render(res: dict[str, Any]) -> str:
     lines += runtime_section(res) + gpu_section(res)
     from bench.pipeline import render_section as pipeline_section
 
-    lines += pipeline_section(res)
+    lines += pipeline_section(res) + program_size_section(res) + replan_section(res)
     return "\n".join(lines).rstrip() + "\n"
 
 
