@@ -351,7 +351,7 @@ def machine_line(res: dict[str, Any]) -> str:
 
 def program_size_section(res: dict[str, Any]) -> list[str]:
     """``bench.program_size``: lines of program.py written by block against unrolled."""
-    sizes = {k: v for k, v in (res.get("program_size") or {}).items() if isinstance(v, dict)}
+    sizes = {k: v for k, v in (res.get("program_size") or {}).items() if isinstance(v, dict) and "by_block_lines" in v}
     if not sizes:
         return []
     out = ["## Emitted program size (`python -m bench.program_size`)", "",
