@@ -11,18 +11,26 @@ model can be planned on a laptop.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from costmodel.cluster import Cluster, load_cluster
 from hapc.errors import UserError
 from hapc.ir.precision import Precision, autocast_graph, check_precision
 from hapc.plan import Plan
-from hapc.tracer import Traced, trace
+from hapc.tracecache import CachedTrace
+
+if TYPE_CHECKING:
+    import torch
+
+    from hapc.tracer import Traced
 
 
-def _traced(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] | None) -> Traced:
+def _traced(model: torch.nn.Module | Traced | CachedTrace, inputs: Sequence[torch.Tensor] | None) -> Traced:
+    # Imported here: a graph from the trace cache plans without torch (see hapc.tracecache).
+    if isinstance(model, CachedTrace):
+        return model
+    from hapc.tracer import Traced, trace
+
     if isinstance(model, Traced):
         return model
     if inputs is None:
@@ -62,6 +70,8 @@ def synthesize(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] |
     if stages is not None:
         _check_stage_options(traced, stages, microbatches, schedule)      # before any search
     graph = autocast_graph(traced.graph, numerics.name)
+    if isinstance(traced, CachedTrace):
+        traced.install_strategies(graph, numerics.name)    # the search then needs no sharding rules
     result = synthesize_program(graph, cl, time_budget=time_budget, optimizer=optimizer,
                                 backend=backend, progress=progress)
     best = result.best
