@@ -109,10 +109,8 @@ def _traced_model(args: argparse.Namespace, overrides: dict, say):
     precision = args.precision
 
     def keep_strategies(plan, out: Path) -> None:
-        from synth import reuse
-
         if plan.pipeline is None and not getattr(traced, "strategies_installed", False):
-            cache.store_strategies(entry, precision, out / reuse.FILE_NAME)
+            cache.store_strategies(entry, precision, plan.graph)
 
     return traced, keep_strategies
 

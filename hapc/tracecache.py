@@ -359,11 +359,14 @@ class TraceCache:
             return None
         return path
 
-    def store_strategies(self, entry: Path, precision: str, replan_cache: Path) -> None:
-        """Keep the strategies ``hapc compile`` wrote beside plan.json (:mod:`synth.reuse`) with
-        the entry, for the next hit's search. They were derived by modules the trace did not
-        load (the search space), so those join the entry's sources; the strategies file itself
-        names the fingerprint of its graph, which :mod:`synth.reuse` checks."""
+    def store_strategies(self, entry: Path, precision: str, graph: Graph) -> None:
+        """Keep the node strategies of ``graph`` (the graph a search of this entry's trace at
+        ``precision`` used, :mod:`synth.reuse` format) with the entry, for the next hit. They
+        were derived by modules the trace did not load (the search space), so those join the
+        entry's sources; the strategies file names its graph's fingerprint, which
+        :mod:`synth.reuse` checks before a search uses it."""
+        from synth import reuse
+
         try:
             entry_data = _loads(entry.read_bytes())
             listed = {s[0] for s in entry_data["sources"]}
@@ -373,7 +376,9 @@ class TraceCache:
                 entry_data["sources"] = entry_data["sources"] + [[s.path, s.size, s.mtime_ns, s.sha256]
                                                                  for s in extra]
                 _write_atomic(entry, _dumps(entry_data))
-            _write_atomic(strategies_path(entry, precision), replan_cache.read_bytes())
+            with tempfile.TemporaryDirectory(dir=entry.parent) as tmp:
+                written = reuse.write(graph, Path(tmp) / reuse.FILE_NAME)
+                _write_atomic(strategies_path(entry, precision), written.read_bytes())
         except Exception as exc:  # the entry itself stays usable; only the strategies are lost
             self.note(f"strategies not cached in {self.root} ({type(exc).__name__}: {_first_line(exc)})")
 

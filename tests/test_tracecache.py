@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -52,18 +53,6 @@ class Net(torch.nn.Module):
 '''
 
 
-@pytest.fixture
-def model_dir(tmp_path, monkeypatch):
-    d = tmp_path / "model"
-    d.mkdir()
-    (d / "net.py").write_text(MODEL)
-    (d / "tc_helper.py").write_text(HELPER)
-    (d / "settings.json").write_text('{"width": 6}')
-    monkeypatch.syspath_prepend(str(d))
-    yield d
-    sys.modules.pop("tc_helper", None)
-
-
 class Tracer:
     """``trace()`` for :func:`trace_model_file`, counting how often it really traced."""
 
@@ -85,55 +74,81 @@ def _through(cache: TraceCache, path: Path, overrides: dict | None = None):
     return traced, tracer.calls
 
 
-def test_hit_returns_an_equal_graph(tmp_path, model_dir):
-    cache = TraceCache(tmp_path / "cache")
-    first, calls = _through(cache, model_dir / "net.py")
-    assert calls == 1 and not isinstance(first, CachedTrace)
-    again, calls = _through(cache, model_dir / "net.py")
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory):
+    """A model folder and a cache holding its trace (traced once for the module's tests)."""
+    d = tmp_path_factory.mktemp("tc") / "model"
+    d.mkdir()
+    files = {"net.py": MODEL, "tc_helper.py": HELPER, "settings.json": '{"width": 6}'}
+    for name, text in files.items():
+        (d / name).write_text(text)
+    sys.path.insert(0, str(d))
+    cache = d.parent / "cache"
+    traced, calls = _through(TraceCache(cache), d / "net.py")
+    assert calls == 1 and not isinstance(traced, CachedTrace)
+    yield d, cache, traced.graph, files
+    sys.path.remove(str(d))
+    sys.modules.pop("tc_helper", None)
+
+
+@pytest.fixture
+def model_dir(filled, tmp_path):
+    """The filled model folder, its files as written, and this test's copy of the cache."""
+    d, cache, graph, files = filled
+    shutil.copytree(cache, tmp_path / "cache")
+    yield d, tmp_path / "cache", graph
+    for name, text in files.items():
+        if (d / name).read_text() != text:
+            (d / name).write_text(text)
+
+
+def test_hit_returns_an_equal_graph(model_dir):
+    d, cache, graph = model_dir
+    again, calls = _through(TraceCache(cache), d / "net.py")
     assert calls == 0 and isinstance(again, CachedTrace)
-    assert again.graph == first.graph and again.graph.hash() == first.graph.hash()
-    assert again.graph.to_dict() == first.graph.to_dict()       # costs and source lines too
-    assert [repr(n) for n in again.graph.nodes] == [repr(n) for n in first.graph.nodes]
+    assert again.graph == graph and again.graph.hash() == graph.hash()
+    assert again.graph.to_dict() == graph.to_dict()       # costs and source lines too
+    assert [repr(n) for n in again.graph.nodes] == [repr(n) for n in graph.nodes]
 
 
 @pytest.mark.parametrize("change", ["model file", "imported module", "file it read", "setting", "torch version"])
-def test_any_change_to_what_decided_the_graph_misses(tmp_path, model_dir, monkeypatch, change):
+def test_any_change_to_what_decided_the_graph_misses(model_dir, monkeypatch, change):
+    d, cache_dir, _ = model_dir
     notes: list[str] = []
-    cache = TraceCache(tmp_path / "cache", note=notes.append)
-    overrides = {"hidden": 8}
-    _through(cache, model_dir / "net.py", overrides)
+    cache = TraceCache(cache_dir, note=notes.append)
+    overrides: dict = {}
     if change == "model file":
-        (model_dir / "net.py").write_text(MODEL + "\n# edited\n")
+        (d / "net.py").write_text(MODEL + "\n# edited\n")
     elif change == "imported module":
-        (model_dir / "tc_helper.py").write_text(HELPER.replace("torch.relu", "torch.tanh"))
+        (d / "tc_helper.py").write_text(HELPER.replace("torch.relu", "torch.tanh"))
     elif change == "file it read":
-        (model_dir / "settings.json").write_text('{"width": 6} ')
+        (d / "settings.json").write_text('{"width": 6} ')
     elif change == "setting":
         overrides = {"hidden": 9}
     else:
         monkeypatch.setattr(tracecache, "torch_version", lambda: "0.0.0-other")
-    traced, calls = _through(cache, model_dir / "net.py", overrides)
+    traced, calls = _through(cache, d / "net.py", overrides)
     assert calls == 1, f"a changed {change} must not hit"
     if change in ("imported module", "file it read"):
         assert any("changed since the cached trace" in n for n in notes)
-    _, calls = _through(cache, model_dir / "net.py", overrides)
+    _, calls = _through(cache, d / "net.py", overrides)
     assert calls == 0          # the new trace was stored
 
 
-def test_a_touched_but_unchanged_source_still_hits(tmp_path, model_dir):
-    cache = TraceCache(tmp_path / "cache")
-    _through(cache, model_dir / "net.py")
-    st = os.stat(model_dir / "tc_helper.py")
-    os.utime(model_dir / "tc_helper.py", ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
-    _, calls = _through(cache, model_dir / "net.py")
+def test_a_touched_but_unchanged_source_still_hits(model_dir):
+    d, cache, _ = model_dir
+    st = os.stat(d / "tc_helper.py")
+    os.utime(d / "tc_helper.py", ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    _, calls = _through(TraceCache(cache), d / "net.py")
     assert calls == 0
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "foreign class", "other format"])
-def test_a_damaged_entry_is_a_miss_with_a_note(tmp_path, model_dir, damage):
+def test_a_damaged_entry_is_a_miss_with_a_note(model_dir, damage):
+    d, cache_dir, _ = model_dir
     notes: list[str] = []
-    cache = TraceCache(tmp_path / "cache", note=notes.append)
-    _, entry = trace_model_file(model_dir / "net.py", {}, Tracer(model_dir / "net.py", {}), cache=cache)
+    cache = TraceCache(cache_dir, note=notes.append)
+    (entry,) = cache_dir.glob("*.trace")
     blob = entry.read_bytes()
     entry.write_bytes({
         "garbage": b"\x00not a pickle",
@@ -141,10 +156,10 @@ def test_a_damaged_entry_is_a_miss_with_a_note(tmp_path, model_dir, damage):
         "foreign class": pickle.dumps({"format": tracecache.FORMAT, "graph": os.getcwd, "key": "", "sources": []}),
         "other format": pickle.dumps({"format": "hapc-trace-cache/0"}),
     }[damage])
-    traced, calls = _through(cache, model_dir / "net.py")
+    traced, calls = _through(cache, d / "net.py")
     assert calls == 1 and traced.graph is not None
     assert len(notes) == 1 and "corrupt" in notes[0] and "\n" not in notes[0]
-    _, calls = _through(cache, model_dir / "net.py")
+    _, calls = _through(cache, d / "net.py")
     assert calls == 0          # rewritten
 
 
@@ -177,3 +192,23 @@ def test_a_hit_does_not_import_torch_dynamo(tmp_path, monkeypatch, capsys):
                          cwd=os.getcwd())
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().splitlines()[-1] == "no dynamo no tracer", run.stderr
+
+
+def test_synthesize_a_model_file_through_the_cache(tmp_path, monkeypatch):
+    """The API plans a model file (a path) as hapc compile does: the second call must not trace."""
+    from hapc import synthesize
+
+    monkeypatch.setenv("HAPC_CACHE_DIR", str(tmp_path / "cache"))
+    kwargs = {"layers": 2, "features": 12, "hidden": 16, "classes": 5, "batch": 4}
+    first = synthesize(str(MLP), None, SMALL_MIXED, model_kwargs=kwargs)
+    assert list((tmp_path / "cache").glob("*.strategies-fp32.json"))
+
+    def no_trace(*args, **kwargs):
+        raise AssertionError("traced although the cache holds the model")
+
+    monkeypatch.setattr("hapc.tracer.trace", no_trace)
+    again = synthesize(str(MLP), None, SMALL_MIXED, model_kwargs=kwargs)
+    assert again.cost == first.cost and again.graph.hash() == first.graph.hash()
+    assert again.model["file"] == str(MLP.resolve())
+    with pytest.raises(AssertionError, match="traced although"):
+        synthesize(str(MLP), None, SMALL_MIXED, model_kwargs=kwargs, trace_cache=False)
