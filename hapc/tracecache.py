@@ -10,10 +10,11 @@ What decides a traced graph, and so what an entry is checked against:
 
 * the **key** (the entry's file name is its hash): the model file's bytes and resolved path,
   the ``--set`` overrides with their types, the trace mode (block tracing on or off), the
-  torch version and location (from package metadata and ``find_spec``: neither imports
-  torch), Python's version, ``sys.path`` (and the working directory when ``sys.path`` has
-  ``''``: it decides which module an ``import`` finds), ``TORCH*``/``PYTORCH*`` environment
-  variables and this cache's format;
+  torch version and location (its ``version.py``, found with ``find_spec``: importing torch
+  would take seconds), Python's version, ``sys.path`` (and the working directory when
+  ``sys.path`` has a relative entry: they decide which module an ``import`` finds), the
+  ``TORCH*``/``PYTORCH*`` environment variables (not inductor's or torchrun's) and this
+  cache's format;
 * the **sources**: every Python file loaded in the process when the entry was written (the
   model's own modules, the libraries it used, hapc's tracer, rules and search), and every
   file opened for reading while the model file was loaded, built and traced (a
@@ -43,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.metadata
 import importlib.util
 import io
 import json
@@ -78,7 +78,20 @@ def default_cache_dir() -> Path:
 
 
 def torch_version() -> str:
-    """The installed torch's version, from its package metadata (importing torch takes seconds)."""
+    """The version of the torch ``import torch`` would load, without importing it (seconds):
+    its ``version.py`` (``__version__`` and the git commit it was built from), else its package
+    metadata."""
+    origin = _torch_location()
+    if origin != "none":
+        try:
+            text = (Path(origin).parent / "version.py").read_text()
+            lines = [ln.strip() for ln in text.splitlines() if ln.startswith(("__version__", "git_version"))]
+            if lines:
+                return "; ".join(lines)
+        except OSError:
+            pass
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
@@ -92,7 +105,7 @@ def _torch_location() -> str:
         spec = importlib.util.find_spec("torch")
     except (ImportError, ValueError):
         return "none"
-    return str(spec.origin) if spec is not None else "none"
+    return str(spec.origin) if spec is not None and spec.origin else "none"
 
 
 # ---- the key ----------------------------------------------------------------------------------
@@ -123,7 +136,7 @@ class TraceKey:
             "torch": [torch_version(), _torch_location()],
             "python": sys.version,
             "sys_path": list(sys.path),
-            "cwd": os.getcwd() if any(p in ("", ".") for p in sys.path) else None,
+            "cwd": os.getcwd() if not all(os.path.isabs(p) for p in sys.path) else None,
             "env": sorted([k, v] for k, v in os.environ.items() if _may_change_export(k)),
         }
         material = json.dumps(fields, sort_keys=True, separators=(",", ":"))
