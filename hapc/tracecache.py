@@ -18,9 +18,10 @@ What decides a traced graph, and so what an entry is checked against:
 * the **sources**: every Python file loaded in the process when the entry was written (the
   model's own modules, the libraries it used, hapc's tracer, rules and search), and every
   file opened for reading while the model file was loaded, built and traced (a
-  configuration a model reads), each with its size, ``mtime_ns`` and SHA-256. A hit needs
-  every one unchanged, as Python checks a ``.pyc`` against its source: a different stat is
-  forgiven only when the content hash still matches (a ``git checkout`` that touched it).
+  configuration a model reads), each with its size, ``mtime_ns`` and (outside
+  site-packages) SHA-256. A hit needs every one unchanged, as Python checks a ``.pyc``
+  against its source: a different stat is forgiven only when the content hash still matches
+  (a ``git checkout`` that touched the file).
   The standard library (Python's version is in the key) and torch's own files (torch's
   version is) are not listed.
 
@@ -154,7 +155,9 @@ def _may_change_export(variable: str) -> bool:
 
 @dataclass(frozen=True)
 class SourceStamp:
-    """One file a trace depended on, as it was."""
+    """One file a trace depended on, as it was. ``sha256`` is empty for installed packages'
+    files (site-packages: hundreds of them, changed only by an install, which also changes
+    their stat), so that writing an entry does not read them all."""
 
     path: str
     size: int
@@ -162,30 +165,41 @@ class SourceStamp:
     sha256: str
 
     @staticmethod
-    def of(path: str) -> SourceStamp | None:
+    def of(path: str, *, installed: tuple[str, ...] = ()) -> SourceStamp | None:
         try:
             st = os.stat(path)
-            with open(path, "rb") as f:
-                digest = hashlib.sha256(f.read()).hexdigest()
+            digest = "" if path.startswith(installed) else _file_sha256(path)
         except OSError:
             return None
         return SourceStamp(path, st.st_size, st.st_mtime_ns, digest)
 
     def changed(self) -> bool:
-        """Whether the file is not what it was: missing, or different in stat and content."""
+        """Whether the file is not what it was: missing, or different in stat and (where it
+        was hashed) in content."""
         try:
             st = os.stat(self.path)
         except OSError:
             return True
         if st.st_size == self.size and st.st_mtime_ns == self.mtime_ns:
             return False
-        if st.st_size != self.size:
+        if st.st_size != self.size or not self.sha256:
             return True
         try:
-            with open(self.path, "rb") as f:
-                return hashlib.sha256(f.read()).hexdigest() != self.sha256
+            return _file_sha256(self.path) != self.sha256
         except OSError:
             return True
+
+
+def _file_sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _stamps(paths: list[str]) -> list[list[Any]]:
+    """The stamps of ``paths`` (missing files left out), as an entry stores them."""
+    installed = tuple(_unlisted_roots()[2])
+    stamps = (SourceStamp.of(p, installed=installed) for p in paths)
+    return [[s.path, s.size, s.mtime_ns, s.sha256] for s in stamps if s is not None]
 
 
 class Recorder:
@@ -352,9 +366,8 @@ class TraceCache:
             self.note(f"not cached: the trace lifted {len(traced.constants)} constant tensor(s) out of the "
                       "model, which the cache does not store")
             return None
-        sources = [s for s in (SourceStamp.of(p) for p in _listed_sources(recorder.opened)) if s is not None]
         entry = {"format": FORMAT, "key": key.material, "graph": traced.graph,
-                 "sources": [[s.path, s.size, s.mtime_ns, s.sha256] for s in sources]}
+                 "sources": _stamps(_listed_sources(recorder.opened))}
         try:
             blob = _dumps(entry)
             if _loads(blob)["graph"] != traced.graph:
@@ -383,11 +396,9 @@ class TraceCache:
         try:
             entry_data = _loads(entry.read_bytes())
             listed = {s[0] for s in entry_data["sources"]}
-            extra = [s for s in (SourceStamp.of(p) for p in _listed_sources(set()) if p not in listed)
-                     if s is not None]
+            extra = _stamps([p for p in _listed_sources(set()) if p not in listed])
             if extra:
-                entry_data["sources"] = entry_data["sources"] + [[s.path, s.size, s.mtime_ns, s.sha256]
-                                                                 for s in extra]
+                entry_data["sources"] = entry_data["sources"] + extra
                 _write_atomic(entry, _dumps(entry_data))
             with tempfile.TemporaryDirectory(dir=entry.parent) as tmp:
                 written = reuse.write(graph, Path(tmp) / reuse.FILE_NAME)
