@@ -44,3 +44,18 @@ def load_model():
         return load_model_file(path)
 
     return load
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_trace_cache(tmp_path_factory):
+    """``hapc compile`` in tests (and the subprocesses they start) keep their trace cache
+    (hapc.tracecache) in a folder of this session, never in the user's ``~/.cache``."""
+    import os
+
+    saved = os.environ.get("HAPC_CACHE_DIR")
+    os.environ["HAPC_CACHE_DIR"] = str(tmp_path_factory.mktemp("trace-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("HAPC_CACHE_DIR", None)
+    else:
+        os.environ["HAPC_CACHE_DIR"] = saved
