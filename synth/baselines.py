@@ -22,6 +22,7 @@ from hapc.ir.layout import Layout, Replicate, Shard
 from hapc.ir.program import DistProgram
 from synth.builder import greedy_score, propagate
 from synth.costs import Prices
+from synth.loads import with_shares
 from synth.search import search, to_program
 from synth.space import SearchSpace
 
@@ -74,9 +75,7 @@ def baseline_programs(names: Sequence[str], graph: Graph, cluster: Cluster) -> d
         other = {"dp-even": "dp-flops", "dp-flops": "dp-even"}.get(name)
         if other in out:
             shares = even_shares(cluster.world) if name == "dp-even" else tuple(cluster.flops_shares())
-            twin = out[other]
-            out[name] = DistProgram(graph, tuple(float(x) for x in shares), dict(twin.source_layouts),
-                                    list(twin.steps))
+            out[name] = with_shares(out[other], shares)
         else:
             out[name] = baseline_program(name, graph, cluster)
     return out
