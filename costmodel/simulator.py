@@ -72,7 +72,11 @@ class Event:
 
 @dataclass
 class SimResult:
-    """Predicted time per iteration of a program on a cluster, and where each device spends it."""
+    """Predicted time per iteration of a program on a cluster, and where each device spends it.
+
+    ``memory`` is worked out on first use: the synthesizer simulates many programs that lose
+    on time alone (a slower program never beats one that fits, whatever its own memory), and
+    the memory model is a quarter of a simulation. The report is the same either way."""
 
     cluster: Cluster
     shares: tuple[float, ...]
@@ -85,8 +89,23 @@ class SimResult:
     grad_sync_seconds: float            # total duration of the gradient all-reduces
     exposed_grad_sync_seconds: float    # the part after the last backward compute
     lower_bound_seconds: float
-    memory: MemoryReport
     events: list[Event] = field(default_factory=list, repr=False)
+    # The report once made, or what makes it: (program, optimizer, rank classes).
+    _memory: MemoryReport | None = field(default=None, repr=False, compare=False)
+    _memory_inputs: tuple | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def memory(self) -> MemoryReport:
+        if self._memory is None:
+            program, optimizer, classes = self._memory_inputs
+            self._memory = program_memory(program, self.cluster, optimizer, classes)
+            self._memory_inputs = None
+        return self._memory
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with its memory report made (so a copy needs no program)."""
+        self.memory  # noqa: B018 - made on first use
+        return dict(self.__dict__)
 
     @property
     def peak_memory_bytes(self) -> list[float]:
@@ -312,8 +331,11 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
         idle_seconds=classes.expand(clock.idle),
         forward_seconds=forward_end, backward_seconds=backward_end - forward_end,
         grad_sync_seconds=sync_total, exposed_grad_sync_seconds=exposed,
-        lower_bound_seconds=cache.lower_bound_seconds(),
-        memory=program_memory(program, cluster, optimizer, classes), events=clock.events)
+        lower_bound_seconds=cache.lower_bound_seconds(), events=clock.events,
+        # A copy of the program's lists: the memory model reads it later, maybe after the
+        # caller has appended to the original.
+        _memory_inputs=(DistProgram(graph, program.shares, dict(program.source_layouts), list(program.steps),
+                                    _blocks=program.blocks()), optimizer, classes))
 
 
 def _fractions(program: DistProgram, step: Compute, outputs: tuple[str, ...],

@@ -159,10 +159,16 @@ def _reshared(cand: Candidate, shares: tuple[float, ...], cluster: Cluster, opti
 
 
 def _better(a: Candidate, b: Candidate) -> bool:
-    """Fitting beats not fitting; then faster wins; ties keep the earlier one."""
+    """Fitting beats not fitting; then faster wins; ties keep the earlier one.
+
+    A program no faster than one that fits loses whether it fits or not, so its memory is
+    not asked for (the simulator works it out only on demand)."""
+    faster = a.seconds < b.seconds * (1 - 1e-9)
+    if not faster and b.fits:
+        return False
     if a.fits != b.fits:
         return a.fits
-    return a.seconds < b.seconds * (1 - 1e-9)
+    return faster
 
 
 def _same(a: Sequence[float], b: Sequence[float]) -> bool:
