@@ -28,7 +28,7 @@ from costmodel.cluster import Cluster
 from costmodel.collectives import best_variant, collective_seconds
 from costmodel.compute import ComputeTime, lower_bound_seconds, node_seconds
 from costmodel.internal import internal_all_reduces
-from hapc.ir.graph import Graph, Node
+from hapc.ir.graph import DTYPE_BYTES, Graph, Node
 
 
 class SimulationCache:
@@ -47,6 +47,7 @@ class SimulationCache:
         self._collectives: dict[tuple, tuple[str, float]] = {}
         self._internal: dict[tuple, tuple[list[float], list[float]]] = {}
         self._lower_bound: float | None = None
+        self._whole_bytes: dict[str, float] = {}
         self.lookups = 0          # node-time requests, for tests and profiles
         self.misses = 0           # of which priced afresh
 
@@ -79,6 +80,15 @@ class SimulationCache:
             self.misses += 1
             hit = self._times[key] = node_seconds(node, self.graph, self.cluster.devices[rank], self.cluster,
                                                   fraction)
+        return hit
+
+    def whole_bytes(self, name: str) -> float:
+        """Bytes of the whole value ``name`` (a copy ``base@...`` has its base's), as
+        :func:`costmodel.transfers.local_bytes` gives a rank holding it ``Replicate``."""
+        hit = self._whole_bytes.get(name)
+        if hit is None:
+            meta = self.graph.meta(name.split("@", 1)[0])
+            hit = self._whole_bytes[name] = float(meta.numel * DTYPE_BYTES.get(meta.dtype, 4))
         return hit
 
     def lower_bound_seconds(self) -> float:

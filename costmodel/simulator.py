@@ -302,7 +302,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
             _run_move(clock, cache, backward_move(program, step), step, "bwd", chosen.get(i, step.method), reps)
         for param in ready_at.get(i, []):
             bucket.append(param)
-            bucket_size += local_bytes(program, param, Replicate())[0]
+            bucket_size += cache.whole_bytes(param)
             if bucket_size >= bucket_bytes:
                 flush()
     flush()
@@ -320,7 +320,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
     exposed = max(0.0, end - backward_end) if sync_events else 0.0
 
     # 4. optimizer step
-    clock.work(_optimizer_seconds(program, cluster, optimizer, reps), "optimizer", "optimizer step", "elementwise")
+    clock.work(_optimizer_seconds(program, cluster, optimizer, reps, cache), "optimizer", "optimizer step", "elementwise")
 
     iteration = max(clock.t)
     for r in range(classes.count):
@@ -432,20 +432,31 @@ def _gradient_ready_steps(program: DistProgram) -> dict[int, list[str]]:
     gradient is complete right after it. Unused parameters get no all-reduce.
     """
     graph = program.graph
-    wanted = {p for p in graph.params if graph.values[p].requires_grad
-              and isinstance(program.source_layouts.get(p, Replicate()), Replicate)}
-    wanted -= factor_synced_params(program)
     if program.world <= 1:
         return {}
+    wanted = {p for p in graph.params if graph.values[p].requires_grad
+              and isinstance(program.source_layouts.get(p, Replicate()), Replicate)}
+    # One pass over the steps finds both every first use and the parameters only
+    # sufficient-factor steps read (factor_synced_params), which are then left out.
+    params = set(graph.params)
     first: dict[str, int] = {}
+    by_factors: set[str] = set()
+    by_others: set[str] = set()
     for i, step in enumerate(program.steps):
-        reads = step.inputs if isinstance(step, Compute) else (step.src,)
+        if isinstance(step, Compute):
+            reads = step.inputs
+            seen = by_factors if step.strategy.local == SFB_LOCAL else by_others
+        else:
+            reads, seen = (step.src,), by_others
         for name in reads:
-            if name in wanted and name not in first:
-                first[name] = i
+            if name in params:
+                seen.add(name)
+                if name in wanted and name not in first:
+                    first[name] = i
+    synced_by_factors = by_factors - by_others
     out: dict[int, list[str]] = {}
     for p in graph.params:          # parameter order, for a deterministic bucket order
-        if p in first:
+        if p in first and p not in synced_by_factors:
             out.setdefault(first[p], []).append(p)
     return out
 
@@ -476,7 +487,7 @@ def _factor_gather(clock: _Clock, cache: SimulationCache, program: DistProgram, 
 
 
 def _optimizer_seconds(program: DistProgram, cluster: Cluster, optimizer: str | int,
-                       reps: Sequence[int]) -> list[float]:
+                       reps: Sequence[int], cache: SimulationCache | None = None) -> list[float]:
     """Memory-bound update of each rank's local trainable parameters.
 
     Per element it reads the parameter, its gradient and each state copy, and writes the
@@ -487,7 +498,13 @@ def _optimizer_seconds(program: DistProgram, cluster: Cluster, optimizer: str | 
     local = [0.0] * len(reps)
     for p in graph.params:
         if graph.values[p].requires_grad:
-            pieces = local_bytes(program, p, program.source_layouts.get(p, Replicate()))
+            layout = program.source_layouts.get(p, Replicate())
+            if cache is not None and not isinstance(layout, Shard):     # whole on every rank
+                whole = cache.whole_bytes(p)
+                for c in range(len(reps)):
+                    local[c] += whole
+                continue
+            pieces = local_bytes(program, p, layout)
             for c, r in enumerate(reps):
                 local[c] += pieces[r]
     out = []
