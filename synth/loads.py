@@ -54,7 +54,7 @@ def _memory_coefficients(program: DistProgram, cluster: Cluster, optimizer: str 
     s1 = np.asarray(program.shares, dtype=float)
     s2 = np.full(world, 1.0 / world) if not np.allclose(s1, 1.0 / world) else _tilted(world)
     m1 = np.asarray(totals_at_shares, dtype=float)
-    m2 = np.asarray(program_memory(_with_shares(program, s2), cluster, optimizer).totals)
+    m2 = np.asarray(program_memory(with_shares(program, s2), cluster, optimizer).totals)
     ds = s1 - s2
     m = np.where(np.abs(ds) > 1e-12, (m1 - m2) / np.where(np.abs(ds) > 1e-12, ds, 1.0), 0.0)
     m = np.maximum(m, 0.0)
@@ -70,6 +70,9 @@ def _tilted(world: int) -> np.ndarray:
     return w / w.sum()
 
 
-def _with_shares(program: DistProgram, shares) -> DistProgram:
+def with_shares(program: DistProgram, shares) -> DistProgram:
+    """The same steps at other shares. Steps never depend on shares (a builder only records
+    them), and neither do the block counts of sharded dimensions, so the copy takes the
+    original's, found once (a union-find over every step: a fifth of a simulation)."""
     return DistProgram(program.graph, tuple(float(x) for x in shares), dict(program.source_layouts),
-                       list(program.steps))
+                       list(program.steps), _blocks=program.blocks())
