@@ -440,20 +440,25 @@ class Searcher:
         return hit
 
     def _relaxation_rows(self, j: int, vid: int, options: frozenset[int] | None) -> list[tuple]:
-        """Node ``j``'s strategies as the relaxation tracking only ``vid`` sees them: (seconds,
-        the (bit, code) layouts each wants ``vid`` in), the cheapest strategy per distinct
-        wish (the others cannot be better there), restricted to ``options`` when given."""
+        """Node ``j``'s strategies as the relaxation tracking ``vid`` sees them (see
+        :meth:`_ValueBound._solve`): (seconds, the (bit, code) layouts each wants ``vid`` in,
+        the (value, mask) of each output born live), the cheapest strategy per distinct wish
+        (the others cannot be better there), restricted to ``options`` when given. Outputs
+        count only at nodes that read ``vid``."""
         key = (j, vid, options)
         hit = self._relax_rows.get(key)
         if hit is None:
             cheapest: dict[tuple, float] = {}
-            for k, (base, acts, *_) in enumerate(self._tables[j]):
+            after = self._live[j + 1]
+            for k, (base, acts, _, carry, *_) in enumerate(self._tables[j]):
                 if options is not None and k not in options:
                     continue
                 wants = tuple((1 << want, want) for _, _, want, v in acts if v == vid)
-                if base < cheapest.get(wants, math.inf):
-                    cheapest[wants] = base
-            hit = self._relax_rows[key] = [(base, wants) for wants, base in cheapest.items()]
+                reads = any(v == vid for _, _, _, v in acts)
+                born = tuple((after[n], bit) for n, (slot, bit) in enumerate(carry) if slot < 0) if reads else ()
+                if base < cheapest.get((wants, born), math.inf):
+                    cheapest[(wants, born)] = base
+            hit = self._relax_rows[key] = [(base, wants, born) for (wants, born), base in cheapest.items()]
         return hit
 
     def _codes_of(self, vid: int) -> list[int]:
@@ -647,51 +652,63 @@ class _ValueBound:
 
     def _solve(self, vid: int, i: int, mask: int, memo: dict | None = None,
                last_options: frozenset[int] | None = None, floor: list[float] | None = None) -> float:
-        """Cost to go of the relaxation that tracks only ``vid``, from ``mask`` before node ``i``.
+        """Cost to go of the relaxation that tracks ``vid``, from ``mask`` before node ``i``.
+
+        Only ``vid``'s layouts are tracked, and at each node that reads it, also the layouts
+        the node's outputs are born in: after a move, the cost to go is at least the relaxation
+        of ``vid`` (if still live) and of each output, from the masks the move leaves them in,
+        so the larger of these is taken. Communication a value's readers pass on (a partial
+        sum carried through a dropout to the residual add) is thus seen where it starts.
+        Every term is a lower bound on the real cost to go, so the result is one too, and each
+        term is the value a live value's own relaxation has in the next state: the heuristic
+        stays consistent.
 
         ``last_options`` restricts the segment's last node to those strategies (with ``floor``
         and ``memo`` to match): the cost to reach an exit of a given layout, see
         :class:`_TargetBound`.
 
-        Iterative (segments can be long): a stack of (node, mask) still to price; a pair is
-        priced once every successor it needs is in the memo."""
+        Iterative (segments can be long): a stack of (value, node, mask) still to price; a
+        triple is priced once every successor it needs is in the memo."""
         memo = self.memo if memo is None else memo
         floor = self.floor if floor is None else floor
         rows_of = self.searcher._relaxation_rows
         convert = self.searcher._convert
-        sid, start, stop = self.sid[vid], self.start, self.stop
-        stack = [(i, mask)]
+        sid, start, stop = self.sid, self.start, self.stop
+        stack = [(vid, i, mask)]
         while stack:
-            j, m = stack[-1]
-            if (sid, j - start, m) in memo:
+            v, j, m = stack[-1]
+            key = (sid[v], j - start, m)
+            if key in memo:
                 stack.pop()
                 continue
-            alive_after = vid in self.live_sets[j + 1 - start]
+            last = j + 1 == stop
+            alive_after = not last and v in self.live_sets[j + 1 - start]
             best = math.inf
             missing = []
-            for base, wants in rows_of(j, vid, last_options if j == stop - 1 else None):
+            for base, wants, born in rows_of(j, v, last_options if last else None):
                 cost, m2 = base, m
                 for bit, want in wants:
                     if not m2 & bit:
-                        cost += convert(vid, m2, want)[0]
+                        cost += convert(v, m2, want)[0]
                         m2 |= bit
-                if j + 1 == stop:
+                if last:
                     rest = 0.0
-                elif not alive_after:
-                    rest = floor[j + 1 - start]
                 else:
-                    rest = memo.get((sid, j + 1 - start, m2))
-                    if rest is None:
-                        missing.append((j + 1, m2))
-                        continue
+                    rest = floor[j + 1 - start]
+                    for w, m3 in ((v, m2),) + born if alive_after else born:
+                        r = memo.get((sid[w], j + 1 - start, m3))
+                        if r is None:
+                            missing.append((w, j + 1, m3))
+                        elif r > rest:
+                            rest = r
                 if cost + rest < best:
                     best = cost + rest
             if missing:
                 stack.extend(missing)
                 continue
-            memo[(sid, j - start, m)] = best if best < math.inf else floor[j - start]
+            memo[key] = best if best < math.inf else floor[j - start]
             stack.pop()
-        return memo[(sid, i - start, mask)]
+        return memo[(sid[vid], i - start, mask)]
 
 
 class _TargetBound:
