@@ -342,7 +342,7 @@ class Searcher:
                     if towards is not None:
                         limits = self._exit_limits(seg.stop, exits)
                 continue
-            if limits is not None and towards.useless(i, state, g, limits):
+            if limits is not None and towards.useless(i, state, g, limits, h_state):
                 continue                  # reaches no exit that a settled one does not beat
             if i > start and self._dominated(i, state, g, layer):
                 continue
@@ -442,7 +442,8 @@ class Searcher:
 
     def _relaxation_rows(self, j: int, vid: int, options: frozenset[int] | None) -> list[tuple]:
         """Node ``j``'s strategies as the relaxation tracking ``vid`` sees them (see
-        :meth:`_ValueBound._solve`): (seconds, the (bit, code) layouts each wants ``vid`` in,
+        :meth:`_ValueBound._solve`): (seconds, the (bit, code, conversion table) of each
+        layout it wants ``vid`` in,
         the (value, mask) of each output born live), the cheapest strategy per distinct wish
         (the others cannot be better there), restricted to ``options`` when given. Outputs
         count only at nodes that read ``vid``."""
@@ -454,12 +455,14 @@ class Searcher:
             for k, (base, acts, _, carry, *_) in enumerate(self._tables[j]):
                 if options is not None and k not in options:
                     continue
-                wants = tuple((1 << want, want) for _, _, want, v in acts if v == vid)
+                wants = tuple(want for _, _, want, v in acts if v == vid)
                 reads = any(v == vid for _, _, _, v in acts)
                 born = tuple((after[n], bit) for n, (slot, bit) in enumerate(carry) if slot < 0) if reads else ()
                 if base < cheapest.get((wants, born), math.inf):
                     cheapest[(wants, born)] = base
-            hit = self._relax_rows[key] = [(base, wants, born) for (wants, born), base in cheapest.items()]
+            hit = self._relax_rows[key] = [
+                (base, tuple((1 << want, want, self._conversions(vid, want)) for want in wants), born)
+                for (wants, born), base in cheapest.items()]
         return hit
 
     def _codes_of(self, vid: int) -> list[int]:
@@ -681,7 +684,7 @@ class _ValueBound:
         memo = self.memo if memo is None else memo
         floor = self.floor if floor is None else floor
         rows_of = self.searcher._relaxation_rows
-        convert = self.searcher._convert
+        conversion_miss = self.searcher._conversion_miss
         sid, start, stop = self.sid, self.start, self.stop
         stack = [(vid, i, mask)]
         while stack:
@@ -696,9 +699,10 @@ class _ValueBound:
             missing = []
             for base, wants, born in rows_of(j, v, last_options if last else None):
                 cost, m2 = base, m
-                for bit, want in wants:
+                for bit, want, table in wants:
                     if not m2 & bit:
-                        cost += convert(v, m2, want)[0]
+                        c = table.get(m2)
+                        cost += conversion_miss(table, v, m2, want) if c is None else c
                         m2 |= bit
                 if last:
                     rest = 0.0
@@ -765,14 +769,16 @@ class _TargetBound:
             producers.setdefault(searcher.code(strat.outputs[pos]), set()).add(k)
         return _TargetBound(vb, {code: frozenset(ks) for code, ks in producers.items()})
 
-    def useless(self, i: int, state: State, g: float, limits: dict[tuple[int, ...], float]) -> bool:
+    def useless(self, i: int, state: State, g: float, limits: dict[tuple[int, ...], float],
+                h_any: float = 0.0) -> bool:
         """Does every exit reachable from ``state`` (before node ``i``, cost ``g`` so far) cost
-        more than its layout's limit?"""
+        more than its layout's limit? ``h_any`` is the state's bound to any exit, which no
+        bound to a given layout is below: a layout whose limit it already passes is not priced."""
         at = i - self.vb.start
         for (code,), limit in limits.items():
             known = self.known.get(code)
-            if known is None:
-                continue                         # the last node cannot produce this layout
+            if known is None or g + h_any > limit + 1e-15:
+                continue                         # the last node cannot produce this layout, or beaten
             h = known[at].get(state)
             if h is None:
                 h = known[at][state] = self._bound(code, i, state)
