@@ -27,6 +27,7 @@ the sum of the per-node floors, so the gap is known.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import math
@@ -91,6 +92,12 @@ class Searcher:
             self._sig.append(sigs.setdefault((v.meta, v.requires_grad), len(sigs)))
         self._move_cache: dict[tuple[int, int, int], float] = {}
         self._conv_cache: dict[tuple[int, int, int], tuple[float, int]] = {}
+        # Per (value signature, wanted layout): held mask -> seconds to get it (the hot loop's
+        # view of _conv_cache, one dict lookup per input instead of a tuple key and a call).
+        self._conv_seconds: dict[tuple[int, int], dict[int, float]] = {}
+        # Per (node, value, allowed strategies of a segment's last node or None): the relaxation
+        # rows of _ValueBound._solve, see _relaxation_rows.
+        self._relax_rows: dict[tuple, list[tuple[float, tuple[tuple[int, int], ...]]]] = {}
         self._codes_cache: dict[int, list[int]] = {}
         self._alt_cache: dict[tuple[int, int], list[tuple[int, float]]] = {}
         self._templates: dict[tuple, list[tuple]] = {}
@@ -105,7 +112,7 @@ class Searcher:
         self._hard = space.hard_segments
         self._timed_out: set[str] = set()
         self._live = [[self._vid[v] for v in live] for live in space.live]
-        self._tables = [self._compile(ns) for ns in space.nodes]
+        self._tables = _Tables(lambda i: self._compile(space.nodes[i]), len(space.nodes))
 
     @staticmethod
     def code(layout: Layout) -> int:
@@ -172,14 +179,16 @@ class Searcher:
 
     def _compile(self, ns: NodeSpace) -> list[tuple]:
         """Per strategy: (state-independent seconds, activation inputs, fixed sources, carry,
-        carrier).
+        carrier, conversions).
 
         States are tuples of layout masks aligned with the (static) list of activations live
         before each node, so a move is index arithmetic. Parameter and free inputs cost the
         same in every state, so they are priced here once. ``carry`` says, for each value live
         after the node, which slot before it holds its layouts, or which mask it is born with;
-        ``carrier`` applies it. Repeated layers have the same table up to which activations
-        they read, so the table is built once per shape and only the value ids are filled in.
+        ``carrier`` applies it. ``conversions`` is the activation inputs as the hot loop reads
+        them: (slot, wanted layout bit, that layout's conversion table, value id, layout code).
+        Repeated layers have the same table up to which activations they read, so the table is
+        built once per shape and only the value ids are filled in.
         """
         i = ns.index
         before = {vid: k for k, vid in enumerate(self._live[i])}
@@ -200,8 +209,23 @@ class Searcher:
         template = self._templates.get(key)
         if template is None:
             template = self._templates[key] = self._compile_template(ns, shape, carry_shape)
-        return [(base, tuple((pos, slot, want, act_vids[pos]) for pos, slot, want in acts), fixed, carry, carried)
+        return [(base, tuple((pos, slot, want, act_vids[pos]) for pos, slot, want in acts), fixed, carry, carried,
+                 tuple((slot, 1 << want, self._conversions(act_vids[pos], want), act_vids[pos], want)
+                       for pos, slot, want in acts))
                 for base, acts, fixed, carry, carried in template]
+
+    def _conversions(self, vid: int, want: int) -> dict[int, float]:
+        """The (lazily filled) table ``held mask -> seconds`` to get ``vid`` in layout ``want``,
+        shared by every value of the same signature."""
+        key = (self._sig[vid], want)
+        table = self._conv_seconds.get(key)
+        if table is None:
+            table = self._conv_seconds[key] = {}
+        return table
+
+    def _conversion_miss(self, table: dict[int, float], vid: int, mask: int, want: int) -> float:
+        seconds = table[mask] = self._convert(vid, mask, want)[0]
+        return seconds
 
     def _compile_template(self, ns: NodeSpace, shape: list, carry_shape: tuple[int, ...]) -> list[tuple]:
         """:meth:`_compile`'s table with activation inputs as (position, slot, layout code)."""
@@ -238,7 +262,7 @@ class Searcher:
         convert = self._convert
         layouts = self.layouts
         out = []
-        for k, (base, acts, fixed, _, carried) in enumerate(self._tables[ns.index]):
+        for k, (base, acts, fixed, _, carried, _) in enumerate(self._tables[ns.index]):
             if not acts:
                 out.append((carried(list(state)), base, k, fixed))
                 continue
@@ -278,15 +302,18 @@ class Searcher:
         return {st: (base + g_rel, frontier[entry][1] + sub) for st, (g_rel, entry, sub) in hit.items()}
 
     def _astar_segment(self, seg: Segment, frontier: Frontier, base: float) -> dict:
-        nodes = self.space.nodes
         value_bound = _ValueBound(self, seg)
         heuristic = value_bound.of
+        # The heuristic depends on the node and state alone, so its values are kept per segment
+        # structure: later A* runs of the segment (other frontiers, other layers) look them up.
+        h_known = value_bound.known
         towards = _TargetBound.of_segment(self, seg, value_bound)
         limits: dict[tuple[int, ...], float] | None = None
+        start = seg.start
         # Per node of the segment: state -> best cost so far, and state -> (previous state,
-        # strategy, sources) of the move that reached it.
+        # strategy) of the move that reached it (its sources are worked out for the path only).
         best_g: list[dict[State, float]] = [{} for _ in range(seg.start, seg.stop + 1)]
-        parent: list[dict[State, tuple]] = [{} for _ in range(seg.start, seg.stop + 1)]
+        parent: list[dict[State, tuple[State, int]]] = [{} for _ in range(seg.start, seg.stop + 1)]
         counter = itertools.count()
         heap = []
         for entry, (g, _) in sorted(frontier.items()):
@@ -297,11 +324,13 @@ class Searcher:
         exits: dict[State, float] = {}
         bound = math.inf
         budget = self.segment_budget
+        tables, conversion_miss = self._tables, self._conversion_miss
+        heappush, heappop, inf = heapq.heappush, heapq.heappop, math.inf
         while heap:
-            f, _, i, state, h_state = heapq.heappop(heap)
+            f, _, i, state, h_state = heappop(heap)
             if f > bound + 1e-15:
                 break
-            layer = best_g[i - seg.start]
+            layer = best_g[i - start]
             g = layer[state]
             if g + h_state < f - 1e-15:
                 continue                              # a stale entry of a state since improved
@@ -313,9 +342,9 @@ class Searcher:
                     if towards is not None:
                         limits = self._exit_limits(seg.stop, exits)
                 continue
-            if limits is not None and towards.useless(i, state, g, limits):
+            if limits is not None and towards.useless(i, state, g, limits, h_state):
                 continue                  # reaches no exit that a settled one does not beat
-            if i > seg.start and self._dominated(i, state, g, layer):
+            if i > start and self._dominated(i, state, g, layer):
                 continue
             budget -= 1
             if budget < 0 or (self.deadline is not None and time.perf_counter() > self.deadline):
@@ -325,18 +354,30 @@ class Searcher:
                 (self._hard if budget < 0 else self._timed_out).add(seg.signature)
                 return self._beam_segment(seg, frontier, base)
             self.expanded += 1
-            next_g = best_g[i + 1 - seg.start]
-            next_parent = parent[i + 1 - seg.start]
-            for new_state, cost, k, sources in self._expand(nodes[i], state):
+            after = i + 1 - start
+            next_g, next_parent, next_h = best_g[after], parent[after], h_known[after]
+            # Every strategy of node i: _expand's moves without their sources (inlined: this
+            # loop is most of the search's time).
+            for k, (cost, _, _, _, carried, conversions) in enumerate(tables[i]):
+                masks = list(state)
+                for slot, bit, table, vid, want in conversions:
+                    mask = masks[slot]
+                    if not mask & bit:
+                        c = table.get(mask)
+                        cost += conversion_miss(table, vid, mask, want) if c is None else c
+                        masks[slot] = mask | bit
+                new_state = carried(masks)
                 g2 = g + cost
-                if g2 < next_g.get(new_state, math.inf) - 1e-18:
+                if g2 < next_g.get(new_state, inf) - 1e-18:
                     next_g[new_state] = g2
-                    next_parent[new_state] = (state, k, sources)
-                    h2 = heuristic(i + 1, new_state)
-                    heapq.heappush(heap, (g2 + h2, next(counter), i + 1, new_state, h2))
+                    next_parent[new_state] = (state, k)
+                    h2 = next_h.get(new_state)
+                    if h2 is None:
+                        h2 = next_h[new_state] = heuristic(i + 1, new_state)
+                    heappush(heap, (g2 + h2, next(counter), i + 1, new_state, h2))
         result = {}
         for state, g in exits.items():
-            entry, path = self._path(parent, state)
+            entry, path = self._path(seg, parent, state)
             result[state] = (g, entry, path)
         return result
 
@@ -355,14 +396,15 @@ class Searcher:
             layer = dict(sorted(nxt.items(), key=lambda kv: (kv[1][0], kv[0]))[:width])
         return layer
 
-    @staticmethod
-    def _path(parent: list[dict[State, tuple]], state: State) -> tuple[State, list[Choice]]:
-        """Walk back from an exit ``state`` to the entry state; return it and the choices made."""
-        path = []
-        for layer in reversed(parent[1:]):
-            state, k, sources = layer[state]
-            path.append(Choice(k, sources))
-        path.reverse()
+    def _path(self, seg: Segment, parent: list[dict[State, tuple[State, int]]],
+              state: State) -> tuple[State, list[Choice]]:
+        """Walk back from an exit ``state`` to the entry state; return it and the choices made
+        (each move's sources priced again by :meth:`_expand`, for this path only)."""
+        steps = []
+        for i in range(seg.stop - 1, seg.start - 1, -1):
+            state, k = parent[i + 1 - seg.start][state]
+            steps.append((i, state, k))
+        path = [Choice(k, self._expand(self.space.nodes[i], before)[k][3]) for i, before, k in reversed(steps)]
         return state, path
 
     def _dominated(self, i: int, state: State, g: float, layer: dict[State, float]) -> bool:
@@ -374,7 +416,7 @@ class Searcher:
             single = mask & (mask - 1) == 0
             for alt, extra in self._alternatives(live[slot], mask):
                 if extra > g:
-                    continue
+                    break                       # sorted by extra; costs paid so far are >= 0
                 other = state[:slot] + (alt,) + state[slot + 1:]
                 g_other = layer.get(other)
                 if g_other is None:
@@ -385,7 +427,7 @@ class Searcher:
 
     def _alternatives(self, vid: int, mask: int) -> list[tuple[int, float]]:
         """(single-layout mask, seconds to convert it into every layout of ``mask``) for each
-        other layout ``vid`` can take: the candidates :meth:`_dominated` looks up."""
+        other layout ``vid`` can take, cheapest first: the candidates :meth:`_dominated` looks up."""
         key = (self._sig[vid], mask)
         hit = self._alt_cache.get(key)
         if hit is None:
@@ -394,7 +436,33 @@ class Searcher:
                 alt = 1 << code
                 if alt != mask:
                     hit.append((alt, sum(self._move_seconds(vid, code, c) for c in _bits(mask) if c != code)))
+            hit.sort(key=lambda a: a[1])
             self._alt_cache[key] = hit
+        return hit
+
+    def _relaxation_rows(self, j: int, vid: int, options: frozenset[int] | None) -> list[tuple]:
+        """Node ``j``'s strategies as the relaxation tracking ``vid`` sees them (see
+        :meth:`_ValueBound._solve`): (seconds, the (bit, code, conversion table) of each
+        layout it wants ``vid`` in,
+        the (value, mask) of each output born live), the cheapest strategy per distinct wish
+        (the others cannot be better there), restricted to ``options`` when given. Outputs
+        count only at nodes that read ``vid``."""
+        key = (j, vid, options)
+        hit = self._relax_rows.get(key)
+        if hit is None:
+            cheapest: dict[tuple, float] = {}
+            after = self._live[j + 1]
+            for k, (base, acts, _, carry, *_) in enumerate(self._tables[j]):
+                if options is not None and k not in options:
+                    continue
+                wants = tuple(want for _, _, want, v in acts if v == vid)
+                reads = any(v == vid for _, _, _, v in acts)
+                born = tuple((after[n], bit) for n, (slot, bit) in enumerate(carry) if slot < 0) if reads else ()
+                if base < cheapest.get((wants, born), math.inf):
+                    cheapest[(wants, born)] = base
+            hit = self._relax_rows[key] = [
+                (base, tuple((1 << want, want, self._conversions(vid, want)) for want in wants), born)
+                for (wants, born), base in cheapest.items()]
         return hit
 
     def _codes_of(self, vid: int) -> list[int]:
@@ -515,7 +583,15 @@ class Searcher:
 
 def search(space: SearchSpace, time_budget_seconds: float | None = None) -> SearchResult:
     deadline = time.perf_counter() + time_budget_seconds if time_budget_seconds else None
-    return Searcher(space, deadline).run()
+    # The search allocates many small tuples and frees them by reference counting; none is in
+    # a cycle, so the cyclic collector only costs time while it runs (10-20% of a search).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return Searcher(space, deadline).run()
+    finally:
+        if collecting:
+            gc.enable()
 
 
 
@@ -567,6 +643,9 @@ class _ValueBound:
         self.live_sids = [[self.sid[v] for v in searcher._live[j]] for j in range(seg.start, seg.stop + 1)]
         self.shared = searcher._relaxations.setdefault(seg.signature, {})
         self.memo: dict[tuple[int, int, int], float] = self.shared.setdefault("any", {})
+        # Per node of the segment: state -> the heuristic's value there, filled by the A*.
+        self.known: list[dict[State, float]] = self.shared.setdefault(
+            "known", [{} for _ in range(seg.start, seg.stop + 1)])
 
     def of(self, i: int, state: State) -> float:
         """Lower bound on the cost from ``state`` before node ``i`` to any exit of the segment."""
@@ -585,56 +664,64 @@ class _ValueBound:
 
     def _solve(self, vid: int, i: int, mask: int, memo: dict | None = None,
                last_options: frozenset[int] | None = None, floor: list[float] | None = None) -> float:
-        """Cost to go of the relaxation that tracks only ``vid``, from ``mask`` before node ``i``.
+        """Cost to go of the relaxation that tracks ``vid``, from ``mask`` before node ``i``.
+
+        Only ``vid``'s layouts are tracked, and at each node that reads it, also the layouts
+        the node's outputs are born in: after a move, the cost to go is at least the relaxation
+        of ``vid`` (if still live) and of each output, from the masks the move leaves them in,
+        so the larger of these is taken. Communication a value's readers pass on (a partial
+        sum carried through a dropout to the residual add) is thus seen where it starts.
+        Every term is a lower bound on the real cost to go, so the result is one too, and each
+        term is the value a live value's own relaxation has in the next state: the heuristic
+        stays consistent.
 
         ``last_options`` restricts the segment's last node to those strategies (with ``floor``
         and ``memo`` to match): the cost to reach an exit of a given layout, see
         :class:`_TargetBound`.
 
-        Iterative (segments can be long): a stack of (node, mask) still to price; a pair is
-        priced once every successor it needs is in the memo."""
+        Iterative (segments can be long): a stack of (value, node, mask) still to price; a
+        triple is priced once every successor it needs is in the memo."""
         memo = self.memo if memo is None else memo
         floor = self.floor if floor is None else floor
-        last = self.stop - 1 if last_options is not None else -1
-        tables = self.searcher._tables
-        convert = self.searcher._convert
-        sid, start = self.sid[vid], self.start
-        stack = [(i, mask)]
+        rows_of = self.searcher._relaxation_rows
+        conversion_miss = self.searcher._conversion_miss
+        sid, start, stop = self.sid, self.start, self.stop
+        stack = [(vid, i, mask)]
         while stack:
-            j, m = stack[-1]
-            if (sid, j - start, m) in memo:
+            v, j, m = stack[-1]
+            key = (sid[v], j - start, m)
+            if key in memo:
                 stack.pop()
                 continue
-            alive_after = vid in self.live_sets[j + 1 - self.start]
+            last = j + 1 == stop
+            alive_after = not last and v in self.live_sets[j + 1 - start]
             best = math.inf
             missing = []
-            for k, (base, acts, *_) in enumerate(tables[j]):
-                if j == last and k not in last_options:
-                    continue
+            for base, wants, born in rows_of(j, v, last_options if last else None):
                 cost, m2 = base, m
-                for _, _, want, v in acts:
-                    if v == vid:
-                        bit = 1 << want
-                        if not m2 & bit:
-                            cost += convert(vid, m2, want)[0]
-                            m2 |= bit
-                if j + 1 == self.stop:
+                for bit, want, table in wants:
+                    if not m2 & bit:
+                        c = table.get(m2)
+                        cost += conversion_miss(table, v, m2, want) if c is None else c
+                        m2 |= bit
+                if last:
                     rest = 0.0
-                elif not alive_after:
-                    rest = floor[j + 1 - self.start]
                 else:
-                    rest = memo.get((sid, j + 1 - start, m2))
-                    if rest is None:
-                        missing.append((j + 1, m2))
-                        continue
+                    rest = floor[j + 1 - start]
+                    for w, m3 in ((v, m2),) + born if alive_after else born:
+                        r = memo.get((sid[w], j + 1 - start, m3))
+                        if r is None:
+                            missing.append((w, j + 1, m3))
+                        elif r > rest:
+                            rest = r
                 if cost + rest < best:
                     best = cost + rest
             if missing:
                 stack.extend(missing)
                 continue
-            memo[(sid, j - start, m)] = best if best < math.inf else floor[j - start]
+            memo[key] = best if best < math.inf else floor[j - start]
             stack.pop()
-        return memo[(sid, i - start, mask)]
+        return memo[(sid[vid], i - start, mask)]
 
 
 class _TargetBound:
@@ -655,6 +742,9 @@ class _TargetBound:
         self.vb = vb
         self.producers = producers          # target layout code -> strategies of the last node
         self.memos: dict[int, dict] = {code: vb.shared.setdefault(("exit", code), {}) for code in producers}
+        # Per target layout and node of the segment: state -> _bound there (kept per structure).
+        self.known: dict[int, list[dict[State, float]]] = {
+            code: vb.shared.setdefault(("known", code), [{} for _ in vb.floor]) for code in producers}
         searcher = vb.searcher
         last = vb.stop - 1
         own = searcher._node_floor(searcher.space.nodes[last])
@@ -679,32 +769,56 @@ class _TargetBound:
             producers.setdefault(searcher.code(strat.outputs[pos]), set()).add(k)
         return _TargetBound(vb, {code: frozenset(ks) for code, ks in producers.items()})
 
-    def useless(self, i: int, state: State, g: float, limits: dict[tuple[int, ...], float]) -> bool:
+    def useless(self, i: int, state: State, g: float, limits: dict[tuple[int, ...], float],
+                h_any: float = 0.0) -> bool:
         """Does every exit reachable from ``state`` (before node ``i``, cost ``g`` so far) cost
-        more than its layout's limit?"""
-        vb = self.vb
+        more than its layout's limit? ``h_any`` is the state's bound to any exit, which no
+        bound to a given layout is below: a layout whose limit it already passes is not priced."""
+        at = i - self.vb.start
         for (code,), limit in limits.items():
-            options = self.producers.get(code)
-            if options is None:
-                continue                         # the last node cannot produce this layout
-            slack = limit + 1e-15 - g
-            floor = self.floors[code]
-            if floor[i - vb.start] <= slack and not self._beyond(code, options, floor, i, state, slack):
+            known = self.known.get(code)
+            if known is None or g + h_any > limit + 1e-15:
+                continue                         # the last node cannot produce this layout, or beaten
+            h = known[at].get(state)
+            if h is None:
+                h = known[at][state] = self._bound(code, i, state)
+            if h <= limit + 1e-15 - g:
                 return False
         return True
 
-    def _beyond(self, code: int, options: frozenset[int], floor: list[float], i: int, state: State,
-                slack: float) -> bool:
-        memo = self.memos[code]
+    def _bound(self, code: int, i: int, state: State) -> float:
+        """Lower bound on the cost from ``state`` before node ``i`` to an exit in layout ``code``."""
+        memo, options, floor = self.memos[code], self.producers[code], self.floors[code]
         vb = self.vb
         at = i - vb.start
+        best = floor[at]
         for slot, (sid, mask) in enumerate(zip(vb.live_sids[at], state)):
             h = memo.get((sid, at, mask))
             if h is None:
                 h = vb._solve(vb.live[i][slot], i, mask, memo, options, floor)
-            if h > slack:
-                return True
-        return False
+            if h > best:
+                best = h
+        return best
+
+
+class _Tables:
+    """Each node's move table (see :meth:`Searcher._compile`), built on first use: the A* and
+    its bounds visit the first instances of each repeated segment, the rest are memo hits."""
+
+    def __init__(self, build: Callable[[int], list[tuple]], nodes: int) -> None:
+        self._build = build
+        self._rows: list[list[tuple] | None] = [None] * nodes
+
+    def __getitem__(self, index: int | slice) -> list:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self._rows)))]
+        rows = self._rows[index]
+        if rows is None:
+            rows = self._rows[index] = self._build(index)
+        return rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
 
 
 def _carrier(carry: tuple[tuple[int, int], ...], slots_before: int) -> Callable[[list[int]], State]:
