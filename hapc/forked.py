@@ -55,6 +55,11 @@ class Beside(Generic[T]):
         os.close(write)
         self._pid, self._read = pid, read
 
+    @property
+    def forked(self) -> bool:
+        """Whether the job runs in a child now (else :meth:`result` will compute it here)."""
+        return self._pid != 0
+
     def cancel(self) -> None:
         """Stop the child (its result is not wanted) and reap it."""
         if self._pid:
