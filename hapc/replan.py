@@ -205,6 +205,10 @@ class _SearchRound:
         program, sim, result = searched(*self._args, overlap)
         return program.steps, program.source_layouts, sim.iteration_seconds, sim.memory.all_fit, _search_info(result)
 
+    def ready(self) -> bool:
+        """Whether every child has finished (its result waits in the pipe)."""
+        return all(b.ready() for b in self._beside)
+
     def first(self) -> _Candidate:
         """The first overlap's search, here, with its full simulation."""
         program, sim, result = searched(*self._args, SEARCH_OVERLAPS[0])
@@ -362,14 +366,19 @@ def _search_round(round_: _SearchRound, kept: _Candidate | None, kept_program: D
 
     The old program (``kept``, None when not simulated yet) is simulated only if its
     collectives alone (``floor``) are not slower than a searched program that fits: else it
-    can neither lead nor win. The first overlap's program is re-balanced as soon as it is
-    known when the others run in children: it usually leads, and its LP and simulation then
-    overlap the children instead of following them (wasted only when it does not lead)."""
+    can neither lead nor win. While the other overlaps are still being searched in children,
+    this process does what will most likely be wanted next: it simulates the old program
+    when the first search has not ruled it out, else re-balances the first search's program
+    when that leads so far (usually the winner; wasted only when a child's program beats it)."""
     first = round_.first()
     counts.searches += 1
     counts.simulations += 1
     say(f"search on the new cluster (overlap {SEARCH_OVERLAPS[0]:g}): {first.seconds * 1e3:.3f} ms/iter")
-    early = _rebalanced(first, shares, cluster, optimizer, counts) if round_.forked else None
+    if kept is None and not (first.fits and floor > first.seconds * (1 + 1e-9)) and round_.forked:
+        kept = _simulate_kept(kept_program, cluster, optimizer, shares, counts, say)
+    early = None
+    if round_.forked and not round_.ready() and (kept is None or first.order() < kept.order()):
+        early = _rebalanced(first, shares, cluster, optimizer, counts)
     best = first
     for overlap, cand in zip(SEARCH_OVERLAPS[1:], round_.others()):
         counts.searches += 1
