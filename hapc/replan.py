@@ -152,30 +152,47 @@ def searched(graph: Graph, shares: Sequence[float], cluster: Cluster, optimizer:
 @dataclass
 class _Candidate:
     """A program competing to be the new plan, with its simulation at the carried shares
-    (``sim`` is None for one searched in a child, which sends back only its time and fit)."""
+    (``sim`` is None for one searched in a child, which sends back only its time and fit).
+
+    Whether it fits is asked only when it matters: a program no faster than one that fits
+    loses either way, and the memory model is a good part of a simulation."""
 
     name: str                       # "kept" (the old program) or "searched"
     program: DistProgram
     seconds: float
-    fits: bool
     sim: SimResult | None = None
     info: dict[str, object] | None = None
+    known_fit: bool | None = None   # None: not asked yet (``fits`` asks the simulation)
 
     @staticmethod
     def simulated(name: str, program: DistProgram, sim: SimResult,
                   info: dict[str, object] | None = None) -> _Candidate:
-        return _Candidate(name, program, sim.iteration_seconds, sim.memory.all_fit, sim, info)
+        return _Candidate(name, program, sim.iteration_seconds, sim, info)
 
-    def order(self) -> tuple[bool, float, bool]:
-        """Fitting first, then faster; ties keep the old program (the user already knows it)."""
-        return (not self.fits, self.seconds, self.name != "kept")
+    @property
+    def fits(self) -> bool:
+        if self.known_fit is None:
+            assert self.sim is not None
+            self.known_fit = self.sim.memory.all_fit
+        return self.known_fit
 
 
 def _ahead(a: _Candidate, b: _Candidate) -> bool:
-    """:func:`_faster` on candidates: fitting beats not fitting, then the shorter iteration."""
+    """:func:`_faster` on candidates: fitting beats not fitting, then the shorter iteration
+    (a program no faster than one that fits loses without asking whether it fits)."""
+    faster = a.seconds < b.seconds * (1 - 1e-9)
+    if not faster and b.fits:
+        return False
     if a.fits != b.fits:
         return a.fits
-    return a.seconds < b.seconds * (1 - 1e-9)
+    return faster
+
+
+def _first(candidates: Sequence[_Candidate]) -> _Candidate:
+    """The fastest candidate that fits (ties: the old program, the user already knows it),
+    else the fastest; fits asked in order of speed, only until one does."""
+    ranked = sorted(candidates, key=lambda c: (c.seconds, c.name != "kept"))
+    return next((c for c in ranked if c.fits), ranked[0])
 
 
 def _search_info(result: SearchResult) -> dict[str, object]:
@@ -218,8 +235,8 @@ class _SearchRound:
         """The other overlaps' programs (collected from their children, or searched here without
         a spare core), in ``SEARCH_OVERLAPS`` order, with their times but no simulation."""
         graph, shares = self._args[0], self._args[1]
-        return [_Candidate("searched", DistProgram(graph, shares, dict(layouts), list(steps)), seconds, fits,
-                           None, info)
+        return [_Candidate("searched", DistProgram(graph, shares, dict(layouts), list(steps)), seconds, None, info,
+                           fits)
                 for steps, layouts, seconds, fits, info in (b.result() for b in self._beside)]
 
     def cancel(self) -> None:
@@ -271,9 +288,11 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
                     f"{floor * 1e3:.3f} ms/iter against {expected * 1e3:.3f} expected): searching")
             else:
                 kept = _simulate_kept(kept_program, cluster, optimizer, shares, counts, say)
-                effort = "search" if _carried(kept) > expected * (1 + DEGRADED) else "quick"
+                slower = kept.seconds > expected * (1 + DEGRADED)
+                effort = "search" if slower or not kept.fits else "quick"    # (not fitting: slower than anything)
+                said = f"{kept.seconds * 1e3:.3f} ms/iter" if slower or kept.fits else "does not fit"
                 say(f"the old program {'lost more' if effort == 'search' else 'lost no more'} than the devices did "
-                    f"({_carried(kept) * 1e3:.3f} ms/iter against {expected * 1e3:.3f} expected): "
+                    f"({said}, against {expected * 1e3:.3f} ms/iter expected): "
                     + ("searching" if effort == "search" else "no search"))
         elif effort in ("quick", "full"):
             kept = _simulate_kept(kept_program, cluster, optimizer, shares, counts, say)
@@ -307,10 +326,9 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
         counts.searches += result.searches
         if result.best.search is not None:
             info = dict(_search_info(result.best.search), rounds=len(result.rounds))
-    fitting = {k: c for k, c in candidates.items() if c.fits}
-    if not fitting:
+    chosen = _first(list(candidates.values()))
+    if not chosen.fits:
         raise UserError(f"no plan fits in memory on the new cluster {cluster.name}".rstrip())
-    chosen = min(fitting.values(), key=_Candidate.order)
     assert chosen.sim is not None
     name = old.name if chosen.name == "kept" else (result.best.name if effort == "full" else "hapc")
     if chosen.name == "kept":
@@ -334,8 +352,8 @@ def _simulate_kept(program: DistProgram, cluster: Cluster, optimizer: str, share
                    counts: _Counts, say: Progress) -> _Candidate:
     sim = simulate(program, cluster, optimizer=optimizer)
     counts.simulations += 1
-    say(f"the old program at the carried shares: {sim.iteration_seconds * 1e3:.3f} ms/iter"
-        + ("" if sim.memory.all_fit else " (does not fit)") + ", shares " + "/".join(f"{x:.3f}" for x in shares))
+    say(f"the old program at the carried shares: {sim.iteration_seconds * 1e3:.3f} ms/iter, shares "
+        + "/".join(f"{x:.3f}" for x in shares))
     return _Candidate.simulated("kept", program, sim)
 
 
@@ -377,7 +395,7 @@ def _search_round(round_: _SearchRound, kept: _Candidate | None, kept_program: D
     if kept is None and not (first.fits and floor > first.seconds * (1 + 1e-9)) and round_.forked:
         kept = _simulate_kept(kept_program, cluster, optimizer, shares, counts, say)
     early = None
-    if round_.forked and not round_.ready() and (kept is None or first.order() < kept.order()):
+    if round_.forked and not round_.ready() and (kept is None or _first([first, kept]) is first):
         early = _rebalanced(first, shares, cluster, optimizer, counts)
     best = first
     for overlap, cand in zip(SEARCH_OVERLAPS[1:], round_.others()):
@@ -392,7 +410,7 @@ def _search_round(round_: _SearchRound, kept: _Candidate | None, kept_program: D
                 "(not simulated)")
         else:
             kept = _simulate_kept(kept_program, cluster, optimizer, shares, counts, say)
-    lead = kept if kept is not None and kept.order() < best.order() else best
+    lead = _first([best] if kept is None else [kept, best])
     if lead is first and early is not None:
         rebalanced, note = early
     else:
