@@ -21,11 +21,21 @@ works from ``plan.json`` alone (it holds the graph: nothing is traced) and, by e
 **Time.** ``hapc replan`` has a second. The search gets each node's strategies from the
 cache the compile wrote beside plan.json (:mod:`synth.reuse`: the sharding rules would import
 torch), the LP runs on ``highspy`` (:mod:`synth.lp_highspy`: not scipy.optimize), and only
-the leading candidate is re-balanced, and the second overlap's search runs in a forked child
-when a core is spare (:mod:`hapc.forked`), beside the old program's simulation and the first
-search. A search replan simulates the
-1066-node program of a 48-layer GPT four times (the old program, two searched ones, the
-re-balanced winner) besides the one :meth:`Plan.load` makes: most of what is left.
+the leading candidate is re-balanced. Simulations of the 1066-node program of a 48-layer GPT
+are most of what is left, so a replan avoids them where a cheaper fact decides:
+
+* the old program's collectives alone (:mod:`costmodel.comm_floor`, no timeline) often
+  settle both ``auto``'s question and whether it could beat a searched program; it is then
+  never simulated (dropping one of HAP's 8 devices: a floor of 1123 ms against 745 expected
+  and 681 searched);
+* the second overlap's search runs in a forked child when a core is spare
+  (:mod:`hapc.forked`), and meanwhile this process re-balances the first search's program,
+  which usually leads; the child sends back its program's time and fit, not its simulation;
+* whether a program fits is asked only of one that could win on time.
+
+That search replan runs two searches and three simulations (the first search's program, the
+child's, the re-balanced winner), against four before the floor; plan.json is the same
+either way, and the same with ``HAPC_SERIAL=1`` (no child).
 
 Whichever simulates fastest and fits wins; a tie keeps the old program.
 """
