@@ -45,7 +45,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -173,6 +173,8 @@ class _Candidate:
     sim: SimResult | None = None
     info: dict[str, object] | None = None
     known_fit: bool | None = None   # None: not asked yet (``fits`` asks the simulation)
+    # Where ``sim`` is None: makes the simulation here, when it is asked for (see :meth:`simulation`).
+    simulate_here: Callable[[DistProgram], SimResult] | None = field(default=None, repr=False)
 
     @staticmethod
     def simulated(name: str, program: DistProgram, sim: SimResult,
@@ -182,9 +184,16 @@ class _Candidate:
     @property
     def fits(self) -> bool:
         if self.known_fit is None:
-            assert self.sim is not None
-            self.known_fit = self.sim.memory.all_fit
+            self.known_fit = self.simulation().memory.all_fit
         return self.known_fit
+
+    def simulation(self) -> SimResult:
+        """The full simulation (timeline, memory), made here the first time for a program
+        searched in a child."""
+        if self.sim is None:
+            assert self.simulate_here is not None
+            self.sim = self.simulate_here(self.program)
+        return self.sim
 
 
 def _ahead(a: _Candidate, b: _Candidate) -> bool:
@@ -228,9 +237,9 @@ class _SearchRound:
         """Whether the other overlaps are being searched in children, beside this process."""
         return any(b.forked for b in self._beside)
 
-    def _job(self, overlap: float) -> tuple[list, dict, float, bool, dict[str, object]]:
+    def _job(self, overlap: float) -> tuple[list, dict, float, dict[str, object]]:
         program, sim, result = searched(*self._args, overlap)
-        return program.steps, program.source_layouts, sim.iteration_seconds, sim.memory.all_fit, _search_info(result)
+        return program.steps, program.source_layouts, sim.iteration_seconds, _search_info(result)
 
     def ready(self) -> bool:
         """Whether every child has finished (its result waits in the pipe)."""
@@ -241,13 +250,14 @@ class _SearchRound:
         program, sim, result = searched(*self._args, SEARCH_OVERLAPS[0])
         return _Candidate.simulated("searched", program, sim, _search_info(result))
 
-    def others(self) -> list[_Candidate]:
+    def others(self, simulate_here: Callable[[DistProgram], SimResult]) -> list[_Candidate]:
         """The other overlaps' programs (collected from their children, or searched here without
-        a spare core), in ``SEARCH_OVERLAPS`` order, with their times but no simulation."""
+        a spare core), in ``SEARCH_OVERLAPS`` order, with their times; ``simulate_here`` makes
+        one's full simulation if it is asked for (it leads, or whether it fits matters)."""
         graph, shares = self._args[0], self._args[1]
         return [_Candidate("searched", DistProgram(graph, shares, dict(layouts), list(steps)), seconds, None, info,
-                           fits)
-                for steps, layouts, seconds, fits, info in (b.result() for b in self._beside)]
+                           simulate_here=simulate_here)
+                for steps, layouts, seconds, info in (b.result() for b in self._beside)]
 
     def cancel(self) -> None:
         for b in self._beside:
@@ -339,13 +349,12 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
     chosen = _first(list(candidates.values()))
     if not chosen.fits:
         raise UserError(f"no plan fits in memory on the new cluster {cluster.name}".rstrip())
-    assert chosen.sim is not None
     name = old.name if chosen.name == "kept" else (result.best.name if effort == "full" else "hapc")
     if chosen.name == "kept":
         info = dict(old.search)           # the program is the old search's
     info["replan"] = {"from": old.cluster.name or f"{old.cluster.world} devices",
                       "kept_program": chosen.name == "kept", "effort": effort}
-    plan = Plan(chosen.program, cluster, chosen.sim, name, baselines, info, dict(old.model))
+    plan = Plan(chosen.program, cluster, chosen.simulation(), name, baselines, info, dict(old.model))
     # The old program's time on the new cluster: re-balanced when it led, a floor when it was not simulated.
     carried = min(_carried(c) for c in (kept, candidates.get("kept")) if c is not None) if kept is not None else floor
     return Replanned(plan, chosen.name == "kept", effort, time.perf_counter() - started, old.cost, carried,
@@ -408,7 +417,11 @@ def _search_round(round_: _SearchRound, kept: _Candidate | None, kept_program: D
     if round_.forked and not round_.ready() and (kept is None or _first([first, kept]) is first):
         early = _rebalanced(first, shares, cluster, optimizer, counts)
     best = first
-    for overlap, cand in zip(SEARCH_OVERLAPS[1:], round_.others()):
+    def simulate_here(program: DistProgram) -> SimResult:
+        counts.simulations += 1
+        return simulate(program, cluster, optimizer=optimizer)
+
+    for overlap, cand in zip(SEARCH_OVERLAPS[1:], round_.others(simulate_here)):
         counts.searches += 1
         counts.simulations += 1
         say(f"search on the new cluster (overlap {overlap:g}): {cand.seconds * 1e3:.3f} ms/iter")
@@ -424,10 +437,7 @@ def _search_round(round_: _SearchRound, kept: _Candidate | None, kept_program: D
     if lead is first and early is not None:
         rebalanced, note = early
     else:
-        if lead.sim is None:             # searched in a child: simulated again here, in full
-            lead = _Candidate.simulated(lead.name, lead.program,
-                                        simulate(lead.program, cluster, optimizer=optimizer), lead.info)
-            counts.simulations += 1
+        lead.simulation()                # searched in a child: simulated again here, in full
         rebalanced, note = _rebalanced(lead, shares, cluster, optimizer, counts)
     say(note)
     candidates = {"searched": best} | ({"kept": kept} if kept is not None else {})
