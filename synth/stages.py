@@ -549,9 +549,10 @@ class StagePlanner:
                 chosen = self._walk(prob, pick_arc, pick_cut, b, k)
                 bottleneck = max(float(arc.gate[i, j]) for arc, i, j in chosen)
                 t = int(np.searchsorted(steps, bottleneck))
-                if _unsynthesised(chosen):
-                    if search.open((prob.m - 1) * steps[t] + least):
-                        return _unsynthesised(chosen)       # it might win: price it for real
+                if not search.open((prob.m - 1) * steps[t] + least):
+                    pass                                     # it cannot beat the incumbent: not priced
+                elif _unsynthesised(chosen):
+                    return _unsynthesised(chosen)           # it might win: price it for real
                 else:
                     search.consider(self, chosen, prob.m)
                 if fronts and search.open((prob.m - 1) * steps[t] + least) and search.pareto_runs < FRONT_RUN_LIMIT and \
