@@ -38,6 +38,17 @@ order and micro-batch count, then again with the fronts where needed. The plan r
 :data:`DP_RUN_LIMIT` or :data:`FRONT_RUN_LIMIT`, or a front wider than :data:`FRONT_WIDTHS`
 cut the proof short, or when GPipe is forced: its bound is the 1F1B relaxation).
 
+**Groups priced by bounds first** (``lazy_groups=True``). A group's program costs an A* (and
+for unequal devices the share LP's rounds); :mod:`costmodel.stagebounds` bounds what any
+program on the group costs per node range without one. Arcs of groups not yet synthesised
+carry those bounds; the DP stays a valid lower bound, a plan that cannot beat the incumbent is
+dropped unpriced, and when one that might is found the groups it uses are synthesised and its
+problem solved again. So the result is the same, with fewer syntheses when the bounds are
+tight enough; on the bench clusters (homogeneous groups of 1-4 devices, near-equal plans) they
+save 0-2 of 8 syntheses and cost restarts, hence off by default. A second pass only reruns
+problems whose first-pass bounds stay under the final incumbent, and a plan is only priced
+when its bound is under the incumbent.
+
 The space searched: the groups and orders above, the cut candidates
 (:func:`cut_candidates`), power-of-two micro-batch counts, up to :data:`MAX_STAGES` stages;
 each group runs its own whole-graph program (chosen with memory unbounded), a stage its
@@ -187,7 +198,7 @@ class StagePlanner:
 
     def __init__(self, graph: Graph, cluster: Cluster, *, optimizer: str | int = "adamw",
                  group_synthesizer: Callable[[Graph, Cluster], DistProgram] | None = None,
-                 progress: Callable[[str], None] | None = None, lazy_groups: bool = True) -> None:
+                 progress: Callable[[str], None] | None = None, lazy_groups: bool = False) -> None:
         self.graph = graph
         self.cluster = cluster
         self.optimizer = optimizer
@@ -201,7 +212,9 @@ class StagePlanner:
         self.cuts = cut_candidates(graph, self.fwd_bytes)
         self.batch = batch_size(graph)
         self.group_syntheses = 0
-        # Groups are priced by lower bounds until a plan worth pricing uses them (module docstring).
+        # With lazy_groups, groups are priced by lower bounds until a plan worth pricing uses them
+        # (module docstring). Off by default: on the bench clusters it saves 0-2 of 8 syntheses
+        # and costs more DP runs (restarts) and wider (W, V) fronts than it saves.
         self.lazy_groups = lazy_groups and bounds_available(cluster)
         self._bounds: dict[str, StageBounds] = {}
         self._bound_matrices: dict[tuple[str, int], dict[str, np.ndarray]] = {}
