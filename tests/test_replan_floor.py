@@ -18,7 +18,7 @@ import hapc.replan  # noqa: E402
 from bench.common import HAP8  # noqa: E402
 from bench.golden import MODELS, golden_path  # noqa: E402
 from costmodel.cluster import load_cluster  # noqa: E402
-from costmodel.cluster_edit import surviving_ranks, without_devices  # noqa: E402
+from costmodel.cluster_edit import without_devices  # noqa: E402
 from costmodel.collectives import KINDS  # noqa: E402
 from costmodel.comm_floor import blocking_comm_floor_seconds  # noqa: E402
 from costmodel.simulator import simulate  # noqa: E402
