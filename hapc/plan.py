@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from costmodel.cluster import Cluster, load_cluster
 from costmodel.simulator import SimResult, simulate
 from hapc.errors import UserError
-from hapc.ir.graph import Graph
+from hapc.ir.graph import Graph, hash_of_json
 from hapc.ir.layout import parse_layout
 from hapc.ir.precision import Precision
 from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
@@ -178,6 +178,7 @@ class Plan:
     # ---- files -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         steps = _steps_to_dict(self.program)
+        graph = self.graph.to_dict()
         sim = self.sim
         cluster = self.cluster.to_dict()
         if self.cluster.op_table is not None:     # the measured times this plan was priced with
@@ -186,7 +187,7 @@ class Plan:
             "format": FORMAT,
             "name": self.name,
             "model": self.model,
-            "graph_hash": self.graph.hash(),
+            "graph_hash": hash_of_json(graph),          # Graph.hash, without a second to_json
             "cluster": cluster,
             "shares": list(self.program.shares),
             "source_layouts": {k: repr(v) for k, v in sorted(self.program.source_layouts.items())},
@@ -200,7 +201,7 @@ class Plan:
             "baselines": self.baselines,
             "search": self.search,
             "precision": self.precision.to_dict(),
-            "graph": self.graph.to_dict(),
+            "graph": graph,
         })
         if self.pipeline is not None:
             out["pipeline"] = _canonical(_pipeline_to_dict(self.pipeline, self.graph))

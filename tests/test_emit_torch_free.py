@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -121,19 +122,26 @@ def plans(tmp_path_factory):
 
 
 def test_a_plan_emits_without_torch_the_program_torch_would_write(plans, tmp_path):
+    """In a fresh interpreter: each plan emitted from plan.json, then a whole ``hapc replan``
+    with its program (quick: no search, whose rules would need the replan cache)."""
     code = textwrap.dedent("""
         import sys
+        from hapc.cli import main
         from hapc.plan import Plan
-        for plan_file, out in zip(sys.argv[1::2], sys.argv[2::2]):
+        *pairs, replanned = sys.argv[1:]
+        for plan_file, out in zip(pairs[::2], pairs[1::2]):
             Plan.load(plan_file).emit(out)
+        rc = main(["replan", pairs[-2], "--drop", "1", "--quick", "-o", replanned, "-q"])
         loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "hapc.runtime")))
-        print("loaded:", loaded)
+        print("replan:", rc, "loaded:", loaded)
     """)
     argv = [x for name, path in plans.items() for x in (str(path), str(tmp_path / f"{name}-no-torch"))]
-    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=REPO,
-                          check=False)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", code, *argv, str(tmp_path / "replanned")], capture_output=True,
+                          text=True, cwd=REPO, env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "loaded: []" in proc.stdout
+    assert "replan: 0 loaded: []" in proc.stdout, proc.stdout[-2000:]
+    assert (tmp_path / "replanned" / "program.py").exists()
     for name, path in plans.items():
         plan = Plan.load(path)
         plan.graph.torch_facts = None       # a plan without the record: torch answers, as before

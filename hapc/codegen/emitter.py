@@ -35,12 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.simulator import factor_synced_params
-from hapc.codegen import by_block
+from hapc.codegen import by_block, runtime_facts
 from hapc.codegen.blocks import Block, find_blocks
 from hapc.codegen.indexed import literal, render_dict, render_tuple
 from hapc.ir.graph import Node, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
-from hapc.codegen import runtime_facts
 from hapc.ir.program import Compute, DistProgram, Redistribute, empty_ranks
 from hapc.torchfacts import Facts
 

@@ -232,8 +232,7 @@ class Graph:
 
     def hash(self) -> str:
         """Stable across runs and processes: depends only on structure, shapes and dtypes."""
-        blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return hash_of_json(self.to_json())
 
     def ops(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -244,6 +243,17 @@ class Graph:
     def __repr__(self) -> str:
         return (f"Graph({len(self.nodes)} nodes, {len(self.params)} params, "
                 f"{len(self.inputs)} inputs, hash={self.hash()})")
+
+
+# The entries of Graph.to_json (a subset of Graph.to_dict's).
+JSON_KEYS = ("values", "nodes", "inputs", "params", "buffers", "output")
+
+
+def hash_of_json(d: dict) -> str:
+    """:meth:`Graph.hash` from the graph's :meth:`~Graph.to_json` or :meth:`~Graph.to_dict`
+    form, for a caller that has one already (plan.json holds both the graph and its hash)."""
+    blob = json.dumps({k: d[k] for k in JSON_KEYS}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _jsonable(obj: Any) -> Any:
