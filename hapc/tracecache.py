@@ -293,6 +293,7 @@ class CachedTrace:
     module: Any = None
     from_cache: bool = True
     strategies_installed: bool = False      # whether the last search got its strategies from the entry
+    note: Callable[[str], None] = field(default=lambda msg: None, repr=False)
 
     def dataless_constants(self) -> list[str]:
         return []
@@ -305,10 +306,14 @@ class CachedTrace:
         needs no sharding rules; False when the entry has none for it (the rules derive them)."""
         from synth import reuse
 
+        path = self.strategies_file(precision)
+        self.strategies_installed = False
+        if not path.exists():
+            return False          # none yet at this precision: this compile writes them
         try:
-            reuse.load(graph, self.strategies_file(precision))
-        except reuse.StaleCache:
-            self.strategies_installed = False
+            reuse.load(graph, path)
+        except Exception as exc:  # stale or damaged: the rules derive them, and they are rewritten
+            self.note(f"cached strategies {path} not used ({_first_line(exc)}); deriving them from the rules")
             return False
         self.strategies_installed = True
         return True
@@ -357,7 +362,7 @@ class TraceCache:
         if changed is not None:
             self.note(f"{changed} changed since the cached trace; tracing again")
             return None
-        return CachedTrace(graph, time.perf_counter() - start, path)
+        return CachedTrace(graph, time.perf_counter() - start, path, note=self.note)
 
     def store(self, key: TraceKey, traced: Any, recorder: Recorder) -> Path | None:
         """Write ``traced``'s graph under ``key``, listing every source it depended on; None

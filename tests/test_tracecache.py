@@ -212,3 +212,19 @@ def test_synthesize_a_model_file_through_the_cache(tmp_path, monkeypatch):
     assert again.model["file"] == str(MLP.resolve())
     with pytest.raises(AssertionError, match="traced although"):
         synthesize(str(MLP), None, SMALL_MIXED, model_kwargs=kwargs, trace_cache=False)
+
+
+def test_damaged_strategies_fall_back_to_the_rules(tmp_path, monkeypatch):
+    """Node strategies kept with an entry that cannot be used are derived again (same plan)."""
+    from hapc import synthesize
+
+    monkeypatch.setenv("HAPC_CACHE_DIR", str(tmp_path / "cache"))
+    kwargs = {"layers": 2, "features": 12, "hidden": 16, "classes": 5, "batch": 4}
+    first = synthesize(str(MLP), None, SMALL_MIXED, model_kwargs=kwargs)
+    (strategies,) = (tmp_path / "cache").glob("*.strategies-fp32.json")
+    strategies.write_text('{"format": "hapc-replan-cache/1", "graph": "another"}')
+    notes: list[str] = []
+    again = synthesize(str(MLP), None, SMALL_MIXED, model_kwargs=kwargs, progress=notes.append)
+    assert again.cost == first.cost
+    assert any("cached strategies" in n and "not used" in n for n in notes)
+    assert "another" not in strategies.read_text()        # rewritten from the rules
