@@ -64,6 +64,9 @@ from hapc.ir.graph import Graph
 FORMAT = "hapc-trace-cache/1"
 ENTRY_SUFFIX = ".trace"
 CACHE_DIR_ENV = "HAPC_CACHE_DIR"
+# Entries kept; writing one more removes the least recently used (a hit marks its entry used).
+# A 48-layer GPT's entry is under a megabyte.
+MAX_ENTRIES = 256
 # Modules an entry may name: hapc's IR (the graph and whatever facts it carries) and the few
 # plain builtins pickle spells as globals. Anything else in an entry makes it corrupt.
 _ALLOWED_MODULE_PREFIXES = ("hapc.ir.",)
@@ -362,6 +365,8 @@ class TraceCache:
         if changed is not None:
             self.note(f"{changed} changed since the cached trace; tracing again")
             return None
+        with contextlib.suppress(OSError):
+            os.utime(path)                          # recently used: the last to be pruned
         return CachedTrace(graph, time.perf_counter() - start, path, note=self.note)
 
     def store(self, key: TraceKey, traced: Any, recorder: Recorder) -> Path | None:
@@ -385,10 +390,26 @@ class TraceCache:
             for old in path.parent.glob(f"{path.stem}.strategies-*.json"):
                 old.unlink(missing_ok=True)         # another trace's strategies
             _write_atomic(path, blob)
+            self.prune()
         except OSError as exc:
             self.note(f"trace cache {self.root} not writable ({type(exc).__name__}: {_first_line(exc)})")
             return None
         return path
+
+    def prune(self, keep: int | None = None) -> int:
+        """Remove all but the ``keep`` (default :data:`MAX_ENTRIES`) most recently used entries,
+        with their strategies; returns how many entries went."""
+        keep = MAX_ENTRIES if keep is None else keep
+        entries = []
+        for entry in self.root.glob(f"*{ENTRY_SUFFIX}"):
+            with contextlib.suppress(OSError):
+                entries.append((entry.stat().st_mtime_ns, entry))
+        entries.sort(reverse=True)
+        for _, entry in entries[keep:]:
+            for path in [entry, *entry.parent.glob(f"{entry.stem}.strategies-*.json")]:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        return max(0, len(entries) - keep)
 
     def store_strategies(self, entry: Path, precision: str, graph: Graph) -> None:
         """Keep the node strategies of ``graph`` (the graph a search of this entry's trace at

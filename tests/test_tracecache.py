@@ -228,3 +228,14 @@ def test_damaged_strategies_fall_back_to_the_rules(tmp_path, monkeypatch):
     assert again.cost == first.cost
     assert any("cached strategies" in n and "not used" in n for n in notes)
     assert "another" not in strategies.read_text()        # rewritten from the rules
+
+
+def test_prune_keeps_the_most_recently_used_entries(tmp_path):
+    cache = TraceCache(tmp_path)
+    for i in range(5):
+        (tmp_path / f"e{i}.trace").write_bytes(b"x")
+        (tmp_path / f"e{i}.strategies-fp32.json").write_text("{}")
+        os.utime(tmp_path / f"e{i}.trace", ns=(10**18 + i, 10**18 + i))
+    assert cache.prune(keep=2) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e3.strategies-fp32.json", "e3.trace",
+                                                          "e4.strategies-fp32.json", "e4.trace"]
