@@ -33,8 +33,10 @@ torch. So a hit never imports ``torch._dynamo``, and with a torch-free emitter n
 
 The graph is stored with :mod:`pickle` (exact: tuples stay tuples, floats keep every bit) and
 read back by an unpickler that admits only hapc IR classes and plain Python values, so an
-entry can neither run code nor import torch. A trace whose constants carry data (tensors
-lifted out of forward) is not stored: those tensors are torch objects.
+entry can neither run code nor import torch. Constants with data that the graph reads (tensors
+``torch.export`` lifted out of forward, such as the empty tensors of Hugging Face attention)
+are torch objects: they are kept as ``torch.save`` bytes beside the graph and loaded (which
+imports torch, not ``torch._dynamo``) only when the program is written.
 
 An unreadable, corrupt or stale entry is a miss, with one line saying why; the model is then
 traced as if there were no cache, and the entry rewritten. ``HAPC_CACHE_DIR`` moves the cache
@@ -67,6 +69,9 @@ CACHE_DIR_ENV = "HAPC_CACHE_DIR"
 # Entries kept; writing one more removes the least recently used (a hit marks its entry used).
 # A 48-layer GPT's entry is under a megabyte.
 MAX_ENTRIES = 256
+# Constant tensors an entry may hold (they are data, not graph: a model that bakes a large
+# table into forward is traced each time rather than copied into the cache).
+MAX_CONSTANTS_BYTES = 64 * 2**20
 # Modules an entry may name: hapc's IR (the graph and whatever facts it carries) and the few
 # plain builtins pickle spells as globals. Anything else in an entry makes it corrupt.
 _ALLOWED_MODULE_PREFIXES = ("hapc.ir.",)
@@ -287,12 +292,13 @@ def _listed_sources(opened: set[str]) -> list[str]:
 @dataclass
 class CachedTrace:
     """A graph from the cache, standing in for :class:`hapc.tracer.Traced` (which holds torch
-    objects): the same ``graph``, no module and no constants (entries never have any)."""
+    objects): the same ``graph``, no module, and the constants with data the graph reads
+    (loaded on first use; see :class:`StoredConstants`)."""
 
     graph: Graph
     seconds: float
     entry: Path
-    constants: dict[str, Any] = field(default_factory=dict)
+    constants: Mapping[str, Any] = field(default_factory=dict)
     module: Any = None
     from_cache: bool = True
     strategies_installed: bool = False      # whether the last search got its strategies from the entry
@@ -320,6 +326,50 @@ class CachedTrace:
             return False
         self.strategies_installed = True
         return True
+
+
+class StoredConstants(Mapping):
+    """A trace's constant tensors as an entry keeps them (``torch.save`` bytes): their names
+    are known at once, the tensors are loaded (importing torch) when first read."""
+
+    def __init__(self, blob: bytes, names: list[str]) -> None:
+        self._blob, self._names, self._tensors = blob, names, None
+
+    def _loaded(self) -> dict[str, Any]:
+        if self._tensors is None:
+            import torch
+
+            self._tensors = torch.load(io.BytesIO(self._blob), weights_only=True)
+        return self._tensors
+
+    def __getitem__(self, name: str) -> Any:
+        return self._loaded()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def _constant_names(graph: Graph) -> list[str]:
+    return sorted({v.target for v in graph.values.values() if v.kind == "constant" and v.target})
+
+
+def _constants_blob(traced: Any) -> list[Any] | None:
+    """``[names, torch.save bytes]`` of the constants with data that ``traced``'s graph reads
+    (what the emitter writes to constants.pt; constants without data, traced on the meta
+    device, are re-derived by the program itself), or None when there are none."""
+    used = set(_constant_names(traced.graph))
+    kept = {k: t for k, t in (getattr(traced, "constants", None) or {}).items()
+            if k in used and not t.is_meta}
+    if not kept:
+        return None
+    import torch            # the constants are tensors: torch is loaded already
+
+    buffer = io.BytesIO()
+    torch.save(kept, buffer)
+    return [sorted(kept), buffer.getvalue()]
 
 
 def strategies_path(entry: Path, precision: str) -> Path:
@@ -357,6 +407,10 @@ class TraceCache:
             graph, sources = entry["graph"], [SourceStamp(*s) for s in entry["sources"]]
             if not isinstance(graph, Graph):
                 raise ValueError(f"holds a {type(graph).__name__}, not a graph")
+            constants = entry["constants"]         # None, or [names, torch.save bytes]
+            if constants is not None and not (isinstance(constants[1], bytes) and
+                                              all(isinstance(n, str) for n in constants[0])):
+                raise ValueError("constants stored in another form")
         except Exception as exc:  # any damage at all is a miss, never a crash
             self.note(f"trace cache entry {path} is corrupt ({type(exc).__name__}: {_first_line(exc)}); "
                       "tracing again")
@@ -367,16 +421,21 @@ class TraceCache:
             return None
         with contextlib.suppress(OSError):
             os.utime(path)                          # recently used: the last to be pruned
-        return CachedTrace(graph, time.perf_counter() - start, path, note=self.note)
+        stored = StoredConstants(constants[1], list(constants[0])) if constants is not None else {}
+        return CachedTrace(graph, time.perf_counter() - start, path, stored, note=self.note)
 
     def store(self, key: TraceKey, traced: Any, recorder: Recorder) -> Path | None:
         """Write ``traced``'s graph under ``key``, listing every source it depended on; None
         (with a note) when it cannot be cached or the directory cannot be written."""
-        if getattr(traced, "constants", None):
-            self.note(f"not cached: the trace lifted {len(traced.constants)} constant tensor(s) out of the "
-                      "model, which the cache does not store")
+        try:
+            constants = _constants_blob(traced)
+        except Exception as exc:
+            self.note(f"not cached: its constant tensors cannot be stored ({type(exc).__name__}: {_first_line(exc)})")
             return None
-        entry = {"format": FORMAT, "key": key.material, "graph": traced.graph,
+        if constants is not None and len(constants[1]) > MAX_CONSTANTS_BYTES:
+            self.note(f"not cached: its constant tensors take {len(constants[1]) / 1e6:.0f} MB")
+            return None
+        entry = {"format": FORMAT, "key": key.material, "graph": traced.graph, "constants": constants,
                  "sources": _stamps(_listed_sources(recorder.opened))}
         try:
             blob = _dumps(entry)

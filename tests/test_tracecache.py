@@ -56,8 +56,8 @@ class Net(torch.nn.Module):
 class Tracer:
     """``trace()`` for :func:`trace_model_file`, counting how often it really traced."""
 
-    def __init__(self, path: Path, overrides: dict):
-        self.path, self.overrides, self.calls = path, overrides, 0
+    def __init__(self, path: Path, overrides: dict, device: str | None = "meta"):
+        self.path, self.overrides, self.device, self.calls = path, overrides, device, 0
 
     def __call__(self):
         from hapc.tracer import trace
@@ -65,11 +65,11 @@ class Tracer:
         self.calls += 1
         sys.modules.pop("tc_helper", None)      # as a fresh process would import it
         mf = load_model_file(str(self.path), self.overrides)
-        return trace(mf.build_model(device="meta"), tuple(t.to("meta") for t in mf.build_inputs()))
+        return trace(mf.build_model(device=self.device), tuple(t.to(self.device or "cpu") for t in mf.build_inputs()))
 
 
-def _through(cache: TraceCache, path: Path, overrides: dict | None = None):
-    tracer = Tracer(path, overrides or {})
+def _through(cache: TraceCache, path: Path, overrides: dict | None = None, device: str | None = "meta"):
+    tracer = Tracer(path, overrides or {}, device)
     traced, entry = trace_model_file(path, overrides or {}, tracer, cache=cache)
     return traced, tracer.calls
 
@@ -239,3 +239,32 @@ def test_prune_keeps_the_most_recently_used_entries(tmp_path):
     assert cache.prune(keep=2) == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e3.strategies-fp32.json", "e3.trace",
                                                           "e4.strategies-fp32.json", "e4.trace"]
+
+
+def test_constants_with_data_come_back_from_the_cache(tmp_path):
+    """A tensor made in forward is lifted out as a constant with data: the entry keeps it."""
+    import torch
+
+    path = tmp_path / "scaled.py"
+    path.write_text(HELPER + '''
+
+def model():
+    return Scaled()
+
+def inputs():
+    return (torch.randn(3, 6), torch.randint(0, 4, (3,)))
+
+class Scaled(Net):
+    def __init__(self):
+        super().__init__(6, 8)
+
+    def forward(self, x, y):
+        return torch.nn.functional.cross_entropy(self.b(torch.relu(self.a(x))) * torch.tensor([1.0, 2.0, 3.0, 4.0]), y)
+''')
+    cache = TraceCache(tmp_path / "cache")
+    first, calls = _through(cache, path, device=None)       # on meta, torch.tensor(...) would be on CPU
+    used = {v.target for v in first.graph.values.values() if v.kind == "constant"}
+    assert calls == 1 and used and not any(first.constants[k].is_meta for k in used)
+    again, calls = _through(cache, path, device=None)
+    assert calls == 0 and sorted(again.constants) == sorted(used)
+    assert all(torch.equal(again.constants[k], first.constants[k]) for k in used)
