@@ -210,6 +210,57 @@ def _stamps(paths: list[str]) -> list[list[Any]]:
     return [[s.path, s.size, s.mtime_ns, s.sha256] for s in stamps if s is not None]
 
 
+def _process_start_ns() -> int | None:
+    """When this process started (Linux: from /proc), or None where that cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return int((boot + start_ticks / os.sysconf("SC_CLK_TCK")) * 1e9)
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+_IMPORTED_NS = time.time_ns()       # where the process start is unknown: no later than this
+
+
+def _edited_after_loading(paths: list[str]) -> str | None:
+    """The first of ``paths`` (files of modules this process loaded earlier), outside
+    site-packages, that may have been edited since it was loaded: its module may run other
+    code than the file now holds (a notebook that edited a module without reloading it), so
+    a trace made with it must not be stamped with the file as it is now. A file unmodified
+    since the process started is safe; so is one whose compiled ``.pyc`` (written when it was
+    loaded) still records its current size and modification time."""
+    started = _process_start_ns()
+    since = started if started is not None else _IMPORTED_NS     # no later than the true start
+    installed = tuple(_unlisted_roots()[2])
+    for path in paths:
+        if path.startswith(installed):
+            continue
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue            # not a file (torch.classes says ``_classes.py``): nothing is stamped
+        if st.st_mtime_ns >= since and not _bytecode_matches(path, st):
+            return path
+    return None
+
+
+def _bytecode_matches(path: str, st: os.stat_result) -> bool:
+    """Whether ``path``'s cached bytecode was compiled from the file as it is now (the header
+    Python checks: source modification time in whole seconds and size)."""
+    try:
+        with open(importlib.util.cache_from_source(path), "rb") as f:
+            header = f.read(16)
+    except (OSError, ValueError, NotImplementedError):
+        return False
+    if len(header) < 16 or int.from_bytes(header[4:8], "little") != 0:      # not a timestamp pyc
+        return False
+    return (int.from_bytes(header[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF and
+            int.from_bytes(header[12:16], "little") == st.st_size & 0xFFFFFFFF)
+
+
 class Recorder:
     """Collects the files opened for reading while a model is loaded, built and traced.
 
@@ -222,6 +273,8 @@ class Recorder:
 
     def __init__(self) -> None:
         self.opened: set[str] = set()
+        self.preloaded: dict[str, Any] = {}    # the modules loaded before the model file was
+
 
     @contextlib.contextmanager
     def active(self) -> Iterator[Recorder]:
@@ -229,6 +282,7 @@ class Recorder:
             sys.addaudithook(_audit)
             Recorder._hooked = True
         outer, Recorder._active = Recorder._active, self
+        self.preloaded = dict(sys.modules)
         try:
             yield self
         finally:
@@ -271,7 +325,7 @@ def _listed_sources(opened: set[str]) -> list[str]:
     paths: set[str] = set()
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
-        if isinstance(file, str) and file:
+        if isinstance(file, str) and file and os.path.isfile(file):
             paths.add(os.path.abspath(file))
     for path in opened:
         if path.endswith(".pyc") or path.startswith(("/proc/", "/sys/", "/dev/")):
@@ -435,8 +489,17 @@ class TraceCache:
         if constants is not None and len(constants[1]) > MAX_CONSTANTS_BYTES:
             self.note(f"not cached: its constant tensors take {len(constants[1]) / 1e6:.0f} MB")
             return None
+        sources = _listed_sources(recorder.opened)
+        loaded_earlier = {os.path.abspath(f) for f in (getattr(m, "__file__", None)
+                                                       for name, m in recorder.preloaded.items()
+                                                       if sys.modules.get(name) is m) if isinstance(f, str)}
+        stale = _edited_after_loading([p for p in sources if p in loaded_earlier])
+        if stale is not None:
+            self.note(f"not cached: {stale} was edited after this process loaded it, so the trace may not "
+                      "be what the file now says")
+            return None
         entry = {"format": FORMAT, "key": key.material, "graph": traced.graph, "constants": constants,
-                 "sources": _stamps(_listed_sources(recorder.opened))}
+                 "sources": _stamps(sources)}
         try:
             blob = _dumps(entry)
             if _loads(blob)["graph"] != traced.graph:
@@ -481,7 +544,11 @@ class TraceCache:
         try:
             entry_data = _loads(entry.read_bytes())
             listed = {s[0] for s in entry_data["sources"]}
-            extra = _stamps([p for p in _listed_sources(set()) if p not in listed])
+            new = [p for p in _listed_sources(set()) if p not in listed]
+            stale = _edited_after_loading(new)
+            if stale is not None:
+                raise ValueError(f"{stale} was edited after this process loaded it")
+            extra = _stamps(new)
             if extra:
                 entry_data["sources"] = entry_data["sources"] + extra
                 _write_atomic(entry, _dumps(entry_data))

@@ -100,6 +100,11 @@ def model_dir(filled, tmp_path):
     for name, text in files.items():
         if (d / name).read_text() != text:
             (d / name).write_text(text)
+    # Modules of files this test edited would be stale in this process: a later store would
+    # (rightly) refuse to stamp a trace while they are loaded.
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", "") or "").startswith(str(d)):
+            del sys.modules[name]
 
 
 def test_hit_returns_an_equal_graph(model_dir):
@@ -132,7 +137,7 @@ def test_any_change_to_what_decided_the_graph_misses(model_dir, monkeypatch, cha
     if change in ("imported module", "file it read"):
         assert any("changed since the cached trace" in n for n in notes)
     _, calls = _through(cache, d / "net.py", overrides)
-    assert calls == 0          # the new trace was stored
+    assert calls == 0, notes   # the new trace was stored
 
 
 def test_a_touched_but_unchanged_source_still_hits(model_dir):
@@ -268,3 +273,28 @@ class Scaled(Net):
     again, calls = _through(cache, path, device=None)
     assert calls == 0 and sorted(again.constants) == sorted(used)
     assert all(torch.equal(again.constants[k], first.constants[k]) for k in used)
+
+
+def test_a_module_edited_after_it_was_loaded_is_not_stamped(model_dir):
+    """A notebook edits a module it imported earlier without reloading it: the trace ran the
+    old code, so it must not be stored under the file as it is now."""
+    import importlib
+
+    d, cache_dir, _ = model_dir
+    notes: list[str] = []
+    cache = TraceCache(cache_dir, note=notes.append)
+    for entry in cache_dir.iterdir():
+        entry.unlink()
+    importlib.import_module("tc_helper")                    # loaded before the trace ...
+    (d / "tc_helper.py").write_text(HELPER.replace("torch.relu", "torch.sigmoid") + "\n")   # ... then edited
+
+    def trace_with_loaded_module():
+        from hapc.tracer import trace
+
+        mf = load_model_file(str(d / "net.py"), {})
+        return trace(mf.build_model(device="meta"), tuple(t.to("meta") for t in mf.build_inputs()))
+
+    traced, entry = trace_model_file(d / "net.py", {}, trace_with_loaded_module, cache=cache)
+    assert entry is None and not list(cache_dir.glob("*.trace"))
+    assert any("tc_helper.py was edited after this process loaded it" in n for n in notes)
+    sys.modules.pop("tc_helper", None)
