@@ -23,7 +23,10 @@ What decides a traced graph, and so what an entry is checked against:
   against its source: a different stat is forgiven only when the content hash still matches
   (a ``git checkout`` that touched the file).
   The standard library (Python's version is in the key) and torch's own files (torch's
-  version is) are not listed.
+  version is) are not listed. A trace is not stored while a module loaded before it began
+  may run other code than its file now holds (edited since this process started and no
+  longer matching its ``.pyc``: a notebook that did not reload it); the entry would stamp old
+  code's graph with the new file.
 
 The precision is not in the key: the cache holds the graph as traced, before
 :func:`hapc.ir.precision.autocast_graph`, so one entry serves fp32 and bf16 plans. Beside the
@@ -40,7 +43,13 @@ imports torch, not ``torch._dynamo``) only when the program is written.
 
 An unreadable, corrupt or stale entry is a miss, with one line saying why; the model is then
 traced as if there were no cache, and the entry rewritten. ``HAPC_CACHE_DIR`` moves the cache
-(default ``~/.cache/hapc/traces``); ``hapc compile --no-trace-cache`` bypasses it.
+(default ``~/.cache/hapc/traces``); ``hapc compile --no-trace-cache`` bypasses it. The
+:data:`MAX_ENTRIES` most recently used entries are kept.
+
+Not covered (as ccache does not cover them either): a model whose graph depends on something
+other than files, its settings and ``TORCH*`` variables (the time, the network, another
+environment variable), and files an installer changed while keeping their size and
+modification time.
 """
 
 from __future__ import annotations
@@ -274,7 +283,6 @@ class Recorder:
     def __init__(self) -> None:
         self.opened: set[str] = set()
         self.preloaded: dict[str, Any] = {}    # the modules loaded before the model file was
-
 
     @contextlib.contextmanager
     def active(self) -> Iterator[Recorder]:
