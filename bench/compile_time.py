@@ -76,6 +76,7 @@ def phases(layers: int) -> list[tuple[str, float]]:
     step("import torch._dynamo")
     from costmodel.cluster import load_cluster
     from hapc.api import synthesize
+    from hapc.cli import _lp_backend           # the LP backend hapc compile uses
     from hapc.modelfile import load_model_file
     from hapc.report import write_report
     from hapc.tracer import trace
@@ -88,7 +89,8 @@ def phases(layers: int) -> list[tuple[str, float]]:
     step("load cluster, build model (meta)")
     traced = trace(model, inputs)
     step("trace (torch.export, IR, FLOPs)")
-    plan = synthesize(traced, None, cluster, model_file=str(model_path("gpt")), model_kwargs=overrides)
+    plan = synthesize(traced, None, cluster, model_file=str(model_path("gpt")), model_kwargs=overrides,
+                      backend=_lp_backend())
     step("synthesize")
     with tempfile.TemporaryDirectory() as tmp:
         plan.save(Path(tmp) / "plan.json")
@@ -118,6 +120,7 @@ def warm_phases(layers: int) -> list[tuple[str, float]]:
 
     from costmodel.cluster import load_cluster
     from hapc.api import synthesize
+    from hapc.cli import _lp_backend           # the LP backend hapc compile uses
     from hapc.report import write_report
     from hapc.tracecache import TraceCache, TraceKey
     step("import hapc (no torch)")
@@ -129,7 +132,8 @@ def warm_phases(layers: int) -> list[tuple[str, float]]:
     if traced is None:
         raise RuntimeError("the cold compile left no usable trace cache entry")
     step("trace cache: key, read, validate sources")
-    plan = synthesize(traced, None, cluster, model_file=str(model_path("gpt")), model_kwargs=overrides)
+    plan = synthesize(traced, None, cluster, model_file=str(model_path("gpt")), model_kwargs=overrides,
+                      backend=_lp_backend())
     step("synthesize" + (" (cached strategies)" if traced.strategies_installed else " (strategies from the rules)"))
     with tempfile.TemporaryDirectory() as tmp:
         plan.save(Path(tmp) / "plan.json")

@@ -23,7 +23,10 @@ What decides a traced graph, and so what an entry is checked against:
   against its source: a different stat is forgiven only when the content hash still matches
   (a ``git checkout`` that touched the file).
   The standard library (Python's version is in the key) and torch's own files (torch's
-  version is) are not listed.
+  version is) are not listed. A trace is not stored while a module loaded before it began
+  may run other code than its file now holds (edited since this process started and no
+  longer matching its ``.pyc``: a notebook that did not reload it); the entry would stamp old
+  code's graph with the new file.
 
 The precision is not in the key: the cache holds the graph as traced, before
 :func:`hapc.ir.precision.autocast_graph`, so one entry serves fp32 and bf16 plans. Beside the
@@ -33,12 +36,20 @@ torch. So a hit never imports ``torch._dynamo``, and with a torch-free emitter n
 
 The graph is stored with :mod:`pickle` (exact: tuples stay tuples, floats keep every bit) and
 read back by an unpickler that admits only hapc IR classes and plain Python values, so an
-entry can neither run code nor import torch. A trace whose constants carry data (tensors
-lifted out of forward) is not stored: those tensors are torch objects.
+entry can neither run code nor import torch. Constants with data that the graph reads (tensors
+``torch.export`` lifted out of forward, such as the empty tensors of Hugging Face attention)
+are torch objects: they are kept as ``torch.save`` bytes beside the graph and loaded (which
+imports torch, not ``torch._dynamo``) only when the program is written.
 
 An unreadable, corrupt or stale entry is a miss, with one line saying why; the model is then
 traced as if there were no cache, and the entry rewritten. ``HAPC_CACHE_DIR`` moves the cache
-(default ``~/.cache/hapc/traces``); ``hapc compile --no-trace-cache`` bypasses it.
+(default ``~/.cache/hapc/traces``); ``hapc compile --no-trace-cache`` bypasses it. The
+:data:`MAX_ENTRIES` most recently used entries are kept.
+
+Not covered (as ccache does not cover them either): a model whose graph depends on something
+other than files, its settings and ``TORCH*`` variables (the time, the network, another
+environment variable), and files an installer changed while keeping their size and
+modification time.
 """
 
 from __future__ import annotations
@@ -64,6 +75,12 @@ from hapc.ir.graph import Graph
 FORMAT = "hapc-trace-cache/1"
 ENTRY_SUFFIX = ".trace"
 CACHE_DIR_ENV = "HAPC_CACHE_DIR"
+# Entries kept; writing one more removes the least recently used (a hit marks its entry used).
+# A 48-layer GPT's entry is under a megabyte.
+MAX_ENTRIES = 256
+# Constant tensors an entry may hold (they are data, not graph: a model that bakes a large
+# table into forward is traced each time rather than copied into the cache).
+MAX_CONSTANTS_BYTES = 64 * 2**20
 # Modules an entry may name: hapc's IR (the graph and whatever facts it carries) and the few
 # plain builtins pickle spells as globals. Anything else in an entry makes it corrupt.
 _ALLOWED_MODULE_PREFIXES = ("hapc.ir.",)
@@ -202,6 +219,57 @@ def _stamps(paths: list[str]) -> list[list[Any]]:
     return [[s.path, s.size, s.mtime_ns, s.sha256] for s in stamps if s is not None]
 
 
+def _process_start_ns() -> int | None:
+    """When this process started (Linux: from /proc), or None where that cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return int((boot + start_ticks / os.sysconf("SC_CLK_TCK")) * 1e9)
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+_IMPORTED_NS = time.time_ns()       # where the process start is unknown: no later than this
+
+
+def _edited_after_loading(paths: list[str]) -> str | None:
+    """The first of ``paths`` (files of modules this process loaded earlier), outside
+    site-packages, that may have been edited since it was loaded: its module may run other
+    code than the file now holds (a notebook that edited a module without reloading it), so
+    a trace made with it must not be stamped with the file as it is now. A file unmodified
+    since the process started is safe; so is one whose compiled ``.pyc`` (written when it was
+    loaded) still records its current size and modification time."""
+    started = _process_start_ns()
+    since = started if started is not None else _IMPORTED_NS     # no later than the true start
+    installed = tuple(_unlisted_roots()[2])
+    for path in paths:
+        if path.startswith(installed):
+            continue
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue            # not a file (torch.classes says ``_classes.py``): nothing is stamped
+        if st.st_mtime_ns >= since and not _bytecode_matches(path, st):
+            return path
+    return None
+
+
+def _bytecode_matches(path: str, st: os.stat_result) -> bool:
+    """Whether ``path``'s cached bytecode was compiled from the file as it is now (the header
+    Python checks: source modification time in whole seconds and size)."""
+    try:
+        with open(importlib.util.cache_from_source(path), "rb") as f:
+            header = f.read(16)
+    except (OSError, ValueError, NotImplementedError):
+        return False
+    if len(header) < 16 or int.from_bytes(header[4:8], "little") != 0:      # not a timestamp pyc
+        return False
+    return (int.from_bytes(header[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF and
+            int.from_bytes(header[12:16], "little") == st.st_size & 0xFFFFFFFF)
+
+
 class Recorder:
     """Collects the files opened for reading while a model is loaded, built and traced.
 
@@ -214,6 +282,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.opened: set[str] = set()
+        self.preloaded: dict[str, Any] = {}    # the modules loaded before the model file was
 
     @contextlib.contextmanager
     def active(self) -> Iterator[Recorder]:
@@ -221,6 +290,7 @@ class Recorder:
             sys.addaudithook(_audit)
             Recorder._hooked = True
         outer, Recorder._active = Recorder._active, self
+        self.preloaded = dict(sys.modules)
         try:
             yield self
         finally:
@@ -263,7 +333,7 @@ def _listed_sources(opened: set[str]) -> list[str]:
     paths: set[str] = set()
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
-        if isinstance(file, str) and file:
+        if isinstance(file, str) and file and os.path.isfile(file):
             paths.add(os.path.abspath(file))
     for path in opened:
         if path.endswith(".pyc") or path.startswith(("/proc/", "/sys/", "/dev/")):
@@ -284,15 +354,17 @@ def _listed_sources(opened: set[str]) -> list[str]:
 @dataclass
 class CachedTrace:
     """A graph from the cache, standing in for :class:`hapc.tracer.Traced` (which holds torch
-    objects): the same ``graph``, no module and no constants (entries never have any)."""
+    objects): the same ``graph``, no module, and the constants with data the graph reads
+    (loaded on first use; see :class:`StoredConstants`)."""
 
     graph: Graph
     seconds: float
     entry: Path
-    constants: dict[str, Any] = field(default_factory=dict)
+    constants: Mapping[str, Any] = field(default_factory=dict)
     module: Any = None
     from_cache: bool = True
     strategies_installed: bool = False      # whether the last search got its strategies from the entry
+    note: Callable[[str], None] = field(default=lambda msg: None, repr=False)
 
     def dataless_constants(self) -> list[str]:
         return []
@@ -305,13 +377,61 @@ class CachedTrace:
         needs no sharding rules; False when the entry has none for it (the rules derive them)."""
         from synth import reuse
 
+        path = self.strategies_file(precision)
+        self.strategies_installed = False
+        if not path.exists():
+            return False          # none yet at this precision: this compile writes them
         try:
-            reuse.load(graph, self.strategies_file(precision))
-        except reuse.StaleCache:
-            self.strategies_installed = False
+            reuse.load(graph, path)
+        except Exception as exc:  # stale or damaged: the rules derive them, and they are rewritten
+            self.note(f"cached strategies {path} not used ({_first_line(exc)}); deriving them from the rules")
             return False
         self.strategies_installed = True
         return True
+
+
+class StoredConstants(Mapping):
+    """A trace's constant tensors as an entry keeps them (``torch.save`` bytes): their names
+    are known at once, the tensors are loaded (importing torch) when first read."""
+
+    def __init__(self, blob: bytes, names: list[str]) -> None:
+        self._blob, self._names, self._tensors = blob, names, None
+
+    def _loaded(self) -> dict[str, Any]:
+        if self._tensors is None:
+            import torch
+
+            self._tensors = torch.load(io.BytesIO(self._blob), weights_only=True)
+        return self._tensors
+
+    def __getitem__(self, name: str) -> Any:
+        return self._loaded()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def _constant_names(graph: Graph) -> list[str]:
+    return sorted({v.target for v in graph.values.values() if v.kind == "constant" and v.target})
+
+
+def _constants_blob(traced: Any) -> list[Any] | None:
+    """``[names, torch.save bytes]`` of the constants with data that ``traced``'s graph reads
+    (what the emitter writes to constants.pt; constants without data, traced on the meta
+    device, are re-derived by the program itself), or None when there are none."""
+    used = set(_constant_names(traced.graph))
+    kept = {k: t for k, t in (getattr(traced, "constants", None) or {}).items()
+            if k in used and not t.is_meta}
+    if not kept:
+        return None
+    import torch            # the constants are tensors: torch is loaded already
+
+    buffer = io.BytesIO()
+    torch.save(kept, buffer)
+    return [sorted(kept), buffer.getvalue()]
 
 
 def strategies_path(entry: Path, precision: str) -> Path:
@@ -349,6 +469,10 @@ class TraceCache:
             graph, sources = entry["graph"], [SourceStamp(*s) for s in entry["sources"]]
             if not isinstance(graph, Graph):
                 raise ValueError(f"holds a {type(graph).__name__}, not a graph")
+            constants = entry["constants"]         # None, or [names, torch.save bytes]
+            if constants is not None and not (isinstance(constants[1], bytes) and
+                                              all(isinstance(n, str) for n in constants[0])):
+                raise ValueError("constants stored in another form")
         except Exception as exc:  # any damage at all is a miss, never a crash
             self.note(f"trace cache entry {path} is corrupt ({type(exc).__name__}: {_first_line(exc)}); "
                       "tracing again")
@@ -357,17 +481,33 @@ class TraceCache:
         if changed is not None:
             self.note(f"{changed} changed since the cached trace; tracing again")
             return None
-        return CachedTrace(graph, time.perf_counter() - start, path)
+        with contextlib.suppress(OSError):
+            os.utime(path)                          # recently used: the last to be pruned
+        stored = StoredConstants(constants[1], list(constants[0])) if constants is not None else {}
+        return CachedTrace(graph, time.perf_counter() - start, path, stored, note=self.note)
 
     def store(self, key: TraceKey, traced: Any, recorder: Recorder) -> Path | None:
         """Write ``traced``'s graph under ``key``, listing every source it depended on; None
         (with a note) when it cannot be cached or the directory cannot be written."""
-        if getattr(traced, "constants", None):
-            self.note(f"not cached: the trace lifted {len(traced.constants)} constant tensor(s) out of the "
-                      "model, which the cache does not store")
+        try:
+            constants = _constants_blob(traced)
+        except Exception as exc:
+            self.note(f"not cached: its constant tensors cannot be stored ({type(exc).__name__}: {_first_line(exc)})")
             return None
-        entry = {"format": FORMAT, "key": key.material, "graph": traced.graph,
-                 "sources": _stamps(_listed_sources(recorder.opened))}
+        if constants is not None and len(constants[1]) > MAX_CONSTANTS_BYTES:
+            self.note(f"not cached: its constant tensors take {len(constants[1]) / 1e6:.0f} MB")
+            return None
+        sources = _listed_sources(recorder.opened)
+        loaded_earlier = {os.path.abspath(f) for f in (getattr(m, "__file__", None)
+                                                       for name, m in recorder.preloaded.items()
+                                                       if sys.modules.get(name) is m) if isinstance(f, str)}
+        stale = _edited_after_loading([p for p in sources if p in loaded_earlier])
+        if stale is not None:
+            self.note(f"not cached: {stale} was edited after this process loaded it, so the trace may not "
+                      "be what the file now says")
+            return None
+        entry = {"format": FORMAT, "key": key.material, "graph": traced.graph, "constants": constants,
+                 "sources": _stamps(sources)}
         try:
             blob = _dumps(entry)
             if _loads(blob)["graph"] != traced.graph:
@@ -380,10 +520,26 @@ class TraceCache:
             for old in path.parent.glob(f"{path.stem}.strategies-*.json"):
                 old.unlink(missing_ok=True)         # another trace's strategies
             _write_atomic(path, blob)
+            self.prune()
         except OSError as exc:
             self.note(f"trace cache {self.root} not writable ({type(exc).__name__}: {_first_line(exc)})")
             return None
         return path
+
+    def prune(self, keep: int | None = None) -> int:
+        """Remove all but the ``keep`` (default :data:`MAX_ENTRIES`) most recently used entries,
+        with their strategies; returns how many entries went."""
+        keep = MAX_ENTRIES if keep is None else keep
+        entries = []
+        for entry in self.root.glob(f"*{ENTRY_SUFFIX}"):
+            with contextlib.suppress(OSError):
+                entries.append((entry.stat().st_mtime_ns, entry))
+        entries.sort(reverse=True)
+        for _, entry in entries[keep:]:
+            for path in [entry, *entry.parent.glob(f"{entry.stem}.strategies-*.json")]:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        return max(0, len(entries) - keep)
 
     def store_strategies(self, entry: Path, precision: str, graph: Graph) -> None:
         """Keep the node strategies of ``graph`` (the graph a search of this entry's trace at
@@ -396,7 +552,11 @@ class TraceCache:
         try:
             entry_data = _loads(entry.read_bytes())
             listed = {s[0] for s in entry_data["sources"]}
-            extra = _stamps([p for p in _listed_sources(set()) if p not in listed])
+            new = [p for p in _listed_sources(set()) if p not in listed]
+            stale = _edited_after_loading(new)
+            if stale is not None:
+                raise ValueError(f"{stale} was edited after this process loaded it")
+            extra = _stamps(new)
             if extra:
                 entry_data["sources"] = entry_data["sources"] + extra
                 _write_atomic(entry, _dumps(entry_data))

@@ -56,8 +56,8 @@ class Net(torch.nn.Module):
 class Tracer:
     """``trace()`` for :func:`trace_model_file`, counting how often it really traced."""
 
-    def __init__(self, path: Path, overrides: dict):
-        self.path, self.overrides, self.calls = path, overrides, 0
+    def __init__(self, path: Path, overrides: dict, device: str | None = "meta"):
+        self.path, self.overrides, self.device, self.calls = path, overrides, device, 0
 
     def __call__(self):
         from hapc.tracer import trace
@@ -65,11 +65,11 @@ class Tracer:
         self.calls += 1
         sys.modules.pop("tc_helper", None)      # as a fresh process would import it
         mf = load_model_file(str(self.path), self.overrides)
-        return trace(mf.build_model(device="meta"), tuple(t.to("meta") for t in mf.build_inputs()))
+        return trace(mf.build_model(device=self.device), tuple(t.to(self.device or "cpu") for t in mf.build_inputs()))
 
 
-def _through(cache: TraceCache, path: Path, overrides: dict | None = None):
-    tracer = Tracer(path, overrides or {})
+def _through(cache: TraceCache, path: Path, overrides: dict | None = None, device: str | None = "meta"):
+    tracer = Tracer(path, overrides or {}, device)
     traced, entry = trace_model_file(path, overrides or {}, tracer, cache=cache)
     return traced, tracer.calls
 
@@ -100,6 +100,11 @@ def model_dir(filled, tmp_path):
     for name, text in files.items():
         if (d / name).read_text() != text:
             (d / name).write_text(text)
+    # Modules of files this test edited would be stale in this process: a later store would
+    # (rightly) refuse to stamp a trace while they are loaded.
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", "") or "").startswith(str(d)):
+            del sys.modules[name]
 
 
 def test_hit_returns_an_equal_graph(model_dir):
@@ -132,7 +137,7 @@ def test_any_change_to_what_decided_the_graph_misses(model_dir, monkeypatch, cha
     if change in ("imported module", "file it read"):
         assert any("changed since the cached trace" in n for n in notes)
     _, calls = _through(cache, d / "net.py", overrides)
-    assert calls == 0          # the new trace was stored
+    assert calls == 0, notes   # the new trace was stored
 
 
 def test_a_touched_but_unchanged_source_still_hits(model_dir):
@@ -212,3 +217,84 @@ def test_synthesize_a_model_file_through_the_cache(tmp_path, monkeypatch):
     assert again.model["file"] == str(MLP.resolve())
     with pytest.raises(AssertionError, match="traced although"):
         synthesize(str(MLP), None, SMALL_MIXED, model_kwargs=kwargs, trace_cache=False)
+
+
+def test_damaged_strategies_fall_back_to_the_rules(tmp_path, monkeypatch):
+    """Node strategies kept with an entry that cannot be used are derived again (same plan)."""
+    from hapc import synthesize
+
+    monkeypatch.setenv("HAPC_CACHE_DIR", str(tmp_path / "cache"))
+    kwargs = {"layers": 2, "features": 12, "hidden": 16, "classes": 5, "batch": 4}
+    first = synthesize(str(MLP), None, SMALL_MIXED, model_kwargs=kwargs)
+    (strategies,) = (tmp_path / "cache").glob("*.strategies-fp32.json")
+    strategies.write_text('{"format": "hapc-replan-cache/1", "graph": "another"}')
+    notes: list[str] = []
+    again = synthesize(str(MLP), None, SMALL_MIXED, model_kwargs=kwargs, progress=notes.append)
+    assert again.cost == first.cost
+    assert any("cached strategies" in n and "not used" in n for n in notes)
+    assert "another" not in strategies.read_text()        # rewritten from the rules
+
+
+def test_prune_keeps_the_most_recently_used_entries(tmp_path):
+    cache = TraceCache(tmp_path)
+    for i in range(5):
+        (tmp_path / f"e{i}.trace").write_bytes(b"x")
+        (tmp_path / f"e{i}.strategies-fp32.json").write_text("{}")
+        os.utime(tmp_path / f"e{i}.trace", ns=(10**18 + i, 10**18 + i))
+    assert cache.prune(keep=2) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e3.strategies-fp32.json", "e3.trace",
+                                                          "e4.strategies-fp32.json", "e4.trace"]
+
+
+def test_constants_with_data_come_back_from_the_cache(tmp_path):
+    """A tensor made in forward is lifted out as a constant with data: the entry keeps it."""
+    import torch
+
+    path = tmp_path / "scaled.py"
+    path.write_text(HELPER + '''
+
+def model():
+    return Scaled()
+
+def inputs():
+    return (torch.randn(3, 6), torch.randint(0, 4, (3,)))
+
+class Scaled(Net):
+    def __init__(self):
+        super().__init__(6, 8)
+
+    def forward(self, x, y):
+        return torch.nn.functional.cross_entropy(self.b(torch.relu(self.a(x))) * torch.tensor([1.0, 2.0, 3.0, 4.0]), y)
+''')
+    cache = TraceCache(tmp_path / "cache")
+    first, calls = _through(cache, path, device=None)       # on meta, torch.tensor(...) would be on CPU
+    used = {v.target for v in first.graph.values.values() if v.kind == "constant"}
+    assert calls == 1 and used and not any(first.constants[k].is_meta for k in used)
+    again, calls = _through(cache, path, device=None)
+    assert calls == 0 and sorted(again.constants) == sorted(used)
+    assert all(torch.equal(again.constants[k], first.constants[k]) for k in used)
+
+
+def test_a_module_edited_after_it_was_loaded_is_not_stamped(model_dir):
+    """A notebook edits a module it imported earlier without reloading it: the trace ran the
+    old code, so it must not be stored under the file as it is now."""
+    import importlib
+
+    d, cache_dir, _ = model_dir
+    notes: list[str] = []
+    cache = TraceCache(cache_dir, note=notes.append)
+    for entry in cache_dir.iterdir():
+        entry.unlink()
+    importlib.import_module("tc_helper")                    # loaded before the trace ...
+    (d / "tc_helper.py").write_text(HELPER.replace("torch.relu", "torch.sigmoid") + "\n")   # ... then edited
+
+    def trace_with_loaded_module():
+        from hapc.tracer import trace
+
+        mf = load_model_file(str(d / "net.py"), {})
+        return trace(mf.build_model(device="meta"), tuple(t.to("meta") for t in mf.build_inputs()))
+
+    traced, entry = trace_model_file(d / "net.py", {}, trace_with_loaded_module, cache=cache)
+    assert entry is None and not list(cache_dir.glob("*.trace"))
+    assert any("tc_helper.py was edited after this process loaded it" in n for n in notes)
+    sys.modules.pop("tc_helper", None)
