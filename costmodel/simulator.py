@@ -238,8 +238,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
 
     # Ranks with equal capabilities (and measured op table, which goes by type) compute alike:
     # one key per class, made once.
-    device_keys = [(d.type, tuple(d.peak_flops.values()), d.hbm_bandwidth_Bps)
-                   for d in classes.pick(cluster.devices)]
+    device_keys = [cache.device_key(r) for r in reps]
     lanes = list(zip(reps, device_keys))
     by_fractions: dict[tuple, tuple[list[float], list[float]]] = {}   # (node key, fractions) -> times
     fractions = _ClassFractions(program, reps)
