@@ -69,6 +69,12 @@ class SimulationCache:
             self._node_keys[node.name] = key
         return key
 
+    def device_key(self, rank: int) -> tuple:
+        """Everything :func:`node_seconds` reads from rank ``rank``'s device (its type selects
+        measured op times): equal for identical devices."""
+        d = self.cluster.devices[rank]
+        return d.type, tuple(sorted(d.peak_flops.items())), d.hbm_bandwidth_Bps
+
     def node_time(self, node: Node, node_key: tuple, rank: int, device_key: tuple,
                   fraction: float) -> ComputeTime:
         """:func:`node_seconds` of ``node`` on rank ``rank``'s device (``device_key`` names its

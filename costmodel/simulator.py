@@ -191,11 +191,12 @@ class _Clock:
         self.events: list[Event] = []
 
     def work(self, seconds: list[float], phase: str, label: str, kind: str) -> None:
-        start = max(self.t)
+        t, compute = self.t, self.compute
+        start = max(t)
         for r, s in enumerate(seconds):
-            self.t[r] += s
-            self.compute[r] += s
-        self.events.append(Event(phase, label, kind, "", start, max(self.t)))
+            t[r] += s
+            compute[r] += s
+        self.events.append(Event(phase, label, kind, "", start, max(t)))
 
     def collective(self, seconds: float, phase: str, label: str, kind: str, variant: str) -> None:
         """A blocking collective: wait for every rank (idle) and the channel (comm), then run."""
@@ -238,8 +239,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
 
     # Ranks with equal capabilities (and measured op table, which goes by type) compute alike:
     # one key per class, made once.
-    device_keys = [(d.type, tuple(d.peak_flops.values()), d.hbm_bandwidth_Bps)
-                   for d in classes.pick(cluster.devices)]
+    device_keys = [cache.device_key(r) for r in reps]
     lanes = list(zip(reps, device_keys))
     by_fractions: dict[tuple, tuple[list[float], list[float]]] = {}   # (node key, fractions) -> times
     fractions = _ClassFractions(program, reps)
@@ -262,7 +262,8 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
             node = nodes[step.node]
             fwd, backward_times[i] = times(step, node)
             clock.work(fwd, "fwd", step.node, node.op)
-            _run_internal(clock, cache, step, node, "fwd")
+            if step.strategy.local is not None:
+                _run_internal(clock, cache, step, node, "fwd")
         else:
             chosen[i] = _run_move(clock, cache, forward_move(program, step), step, "fwd", step.method, reps)
     forward_end = max(clock.t)
@@ -295,7 +296,8 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
         if isinstance(step, Compute):
             node = nodes[step.node]
             clock.work(backward_times[i], "bwd", step.node, node.op)
-            _run_internal(clock, cache, step, node, "bwd")
+            if step.strategy.local is not None:
+                _run_internal(clock, cache, step, node, "bwd")
             if step.strategy.local == SFB_LOCAL and world > 1:
                 _factor_gather(clock, cache, program, step, node)
         else:

@@ -108,7 +108,7 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
                 best = round_best
             t0 = time.perf_counter()
             try:
-                solution = solve_shares(share_problem(round_best.program, round_best.sim, cluster, optimizer),
+                solution = solve_shares(share_problem(round_best.program, round_best.sim, cluster, optimizer, prices),
                                         backend)
             except MemoryInfeasible:
                 out.lp_seconds += time.perf_counter() - t0
