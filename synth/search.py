@@ -81,6 +81,7 @@ class Searcher:
         self.expanded = 0
         self.exact = True
         self._memo: dict[tuple, dict[int, tuple[float, list[Choice]]]] = {}
+        self._survivors: dict[tuple, tuple[State, ...]] = {}     # see _prune_frontier
         self._param_cache: dict[tuple, tuple[float, Layout]] = {}
         # Layouts are small ints in the hot loop (R=0, P=1, S(d)=2+d); sets of them are bitmasks.
         self.layouts: list[Layout] = [Replicate(), Partial()] + [Shard(d) for d in range(16)]
@@ -552,9 +553,20 @@ class Searcher:
                             distinct, time.perf_counter() - started, storage)
 
     def _prune_frontier(self, seg: Segment, frontier: Frontier) -> Frontier:
-        """Drop boundary states that are dearer than converting a cheaper one into them."""
+        """Drop boundary states that are dearer than converting a cheaper one into them.
+
+        Which survive depends on the costs relative to the cheapest, so it is remembered by
+        them as :meth:`solve_segment`'s results are: repeated layers decide it once."""
         if len(frontier) <= 1:
             return frontier
+        base = min(g for g, _ in frontier.values())
+        key = (seg.signature, tuple(sorted((st, round(g - base, 13)) for st, (g, _) in frontier.items())))
+        survivors = self._survivors.get(key)
+        if survivors is None:
+            survivors = self._survivors[key] = tuple(self._undominated(seg, frontier))
+        return {state: frontier[state] for state in survivors}
+
+    def _undominated(self, seg: Segment, frontier: Frontier) -> Frontier:
         live = self._live[seg.stop]
         kept = {}
         for state, (g, path) in frontier.items():
