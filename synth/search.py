@@ -503,7 +503,7 @@ class Searcher:
                 extra = g
                 for vid, mask, want in zip(live, state, target):
                     if not mask >> want & 1:
-                        extra += min(self._move_seconds(vid, a, want) for a in _bits(mask))
+                        extra += self._convert(vid, mask, want)[0]
                         if extra >= cheapest:
                             break
                 if extra < cheapest:
@@ -526,9 +526,7 @@ class Searcher:
         """The most it costs to turn the values live at ``i``, held as in ``state``, into any layouts."""
         total = 0.0
         for vid, mask in zip(self._live[i], state):
-            held = _bits(mask)
-            total += max((min(self._move_seconds(vid, a, b) for a in held) for b in self._codes_of(vid)),
-                         default=0.0)
+            total += max((self._convert(vid, mask, b)[0] for b in self._codes_of(vid)), default=0.0)
         return total
 
     def _node_floor(self, ns: NodeSpace) -> float:
@@ -574,7 +572,7 @@ class Searcher:
             for other, (g2, _) in frontier.items():
                 if other == state or g2 > g:
                     continue
-                extra = sum(min(self._move_seconds(vid, a, b) for a in _bits(o)) for vid, o, m in
+                extra = sum(self._convert(vid, o, b)[0] for vid, o, m in
                             zip(live, other, state) for b in _bits(m) if not o >> b & 1)
                 if g2 + extra < g - 1e-15 or (g2 + extra <= g and other < state):
                     dominated = True
