@@ -9,8 +9,12 @@ survives), so the frontier stays small.
 nodes of each one's cheapest strategy price. That ignores communication, which is most of
 what separates plans, so each live value also gets a relaxed problem solved exactly: the rest
 of the segment with only that value's layouts tracked (every other input free in any
-layout). The heuristic is the largest of these; each is a lower bound and consistent, so A*
-stays exact and pops states in order of their *excess* over it (see :class:`_ValueBound`).
+layout), and, at each node that reads it, the layouts that node's outputs are born in, whose
+own relaxations continue from there. A partial sum that must be reduced before the residual
+add is thus priced while the attention that makes it is still to come. The heuristic is the
+largest of these; each is a lower bound and consistent, so A* stays exact and pops states in
+order of their *excess* over it (see :class:`_ValueBound`). The bounds are cached per segment
+structure and state, so every later A* run of a repeated segment looks them up.
 
 **Segments.** The graph is cut where few activations are live (see :mod:`synth.space`).
 Each distinct segment is solved once per entry state: A* runs until it has settled every
@@ -106,9 +110,10 @@ class Searcher:
         # Per segment structure: the memos of its heuristic's relaxations (see _ValueBound).
         self._relaxations: dict[str, dict] = {}
         # Expansions one segment may use before it is finished by a beam (and marked inexact).
-        # The transformer, ViT, BERT and VGG segments of the benchmarks need at most ~3,000
-        # (GPT-12 on 8 to 64 devices); a mixture-of-experts layer runs out at any budget tried
-        # (60,000), so a smaller one wastes less before the beam takes over.
+        # The transformer segments of the benchmarks need at most ~100 on HAP-8 (ViT-24 93,
+        # GPT-48 49, BERT-24 32; ~3,000 before values passed their bound on to their readers'
+        # outputs); a mixture-of-experts layer runs out at any budget tried (150,000), so a
+        # smaller one wastes less before the beam takes over.
         self.segment_budget = 5_000
         self._hard = space.hard_segments
         self._timed_out: set[str] = set()
@@ -625,11 +630,14 @@ class _ValueBound:
     The plain bound (every remaining node at its cheapest strategy's own price) ignores that
     a value held in the wrong layout must be moved before it is used. Here each live value
     gets its own relaxed problem: the rest of the segment solved exactly with *only that
-    value's* layouts tracked (every other input is had for free, in any layout). Its optimum
-    is a lower bound on the real cost to go, so the largest over the state's values is too;
-    each is a shortest path in a relaxation, so their maximum is consistent and A* still
-    settles states in order. The tables are small (a value's layout sets times the segment's
-    nodes) and built lazily, only for the masks states actually hold.
+    value's* layouts tracked (every other input is had for free, in any layout), handing on,
+    at each node that reads it, to the outputs that node gives birth to (see :meth:`_solve`).
+    Its optimum is a lower bound on the real cost to go, so the largest over the state's
+    values is too; each step of it is bounded by the relaxations of the next state's values,
+    so their maximum is consistent and A* still settles states in order. The tables are small
+    (a value's layout sets times the segment's nodes) and built lazily, only for the masks
+    states actually hold. tests/test_search_bounds.py checks both properties in every
+    reachable state of small models.
     """
 
     def __init__(self, searcher: Searcher, seg: Segment) -> None:
