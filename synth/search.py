@@ -9,8 +9,12 @@ survives), so the frontier stays small.
 nodes of each one's cheapest strategy price. That ignores communication, which is most of
 what separates plans, so each live value also gets a relaxed problem solved exactly: the rest
 of the segment with only that value's layouts tracked (every other input free in any
-layout). The heuristic is the largest of these; each is a lower bound and consistent, so A*
-stays exact and pops states in order of their *excess* over it (see :class:`_ValueBound`).
+layout), and, at each node that reads it, the layouts that node's outputs are born in, whose
+own relaxations continue from there. A partial sum that must be reduced before the residual
+add is thus priced while the attention that makes it is still to come. The heuristic is the
+largest of these; each is a lower bound and consistent, so A* stays exact and pops states in
+order of their *excess* over it (see :class:`_ValueBound`). The bounds are cached per segment
+structure and state, so every later A* run of a repeated segment looks them up.
 
 **Segments.** The graph is cut where few activations are live (see :mod:`synth.space`).
 Each distinct segment is solved once per entry state: A* runs until it has settled every
@@ -82,6 +86,7 @@ class Searcher:
         self.expanded = 0
         self.exact = True
         self._memo: dict[tuple, dict[int, tuple[float, list[Choice]]]] = {}
+        self._survivors: dict[tuple, tuple[State, ...]] = {}     # see _prune_frontier
         self._param_cache: dict[tuple, tuple[float, Layout]] = {}
         # Layouts are small ints in the hot loop (R=0, P=1, S(d)=2+d); sets of them are bitmasks.
         self.layouts: list[Layout] = [Replicate(), Partial()] + [Shard(d) for d in range(16)]
@@ -106,9 +111,10 @@ class Searcher:
         # Per segment structure: the memos of its heuristic's relaxations (see _ValueBound).
         self._relaxations: dict[str, dict] = {}
         # Expansions one segment may use before it is finished by a beam (and marked inexact).
-        # The transformer, ViT, BERT and VGG segments of the benchmarks need at most ~3,000
-        # (GPT-12 on 8 to 64 devices); a mixture-of-experts layer runs out at any budget tried
-        # (60,000), so a smaller one wastes less before the beam takes over.
+        # The transformer segments of the benchmarks need at most ~100 on HAP-8 (ViT-24 93,
+        # GPT-48 49, BERT-24 32; ~3,000 before values passed their bound on to their readers'
+        # outputs); a mixture-of-experts layer runs out at any budget tried (150,000), so a
+        # smaller one wastes less before the beam takes over.
         self.segment_budget = 5_000
         self._hard = space.hard_segments
         self._timed_out: set[str] = set()
@@ -512,7 +518,7 @@ class Searcher:
                 extra = g
                 for vid, mask, want in zip(live, state, target):
                     if not mask >> want & 1:
-                        extra += min(self._move_seconds(vid, a, want) for a in _bits(mask))
+                        extra += self._convert(vid, mask, want)[0]
                         if extra >= cheapest:
                             break
                 if extra < cheapest:
@@ -535,9 +541,7 @@ class Searcher:
         """The most it costs to turn the values live at ``i``, held as in ``state``, into any layouts."""
         total = 0.0
         for vid, mask in zip(self._live[i], state):
-            held = _bits(mask)
-            total += max((min(self._move_seconds(vid, a, b) for a in held) for b in self._codes_of(vid)),
-                         default=0.0)
+            total += max((self._convert(vid, mask, b)[0] for b in self._codes_of(vid)), default=0.0)
         return total
 
     def _node_floor(self, ns: NodeSpace) -> float:
@@ -562,9 +566,20 @@ class Searcher:
                             distinct, time.perf_counter() - started, storage)
 
     def _prune_frontier(self, seg: Segment, frontier: Frontier) -> Frontier:
-        """Drop boundary states that are dearer than converting a cheaper one into them."""
+        """Drop boundary states that are dearer than converting a cheaper one into them.
+
+        Which survive depends on the costs relative to the cheapest, so it is remembered by
+        them as :meth:`solve_segment`'s results are: repeated layers decide it once."""
         if len(frontier) <= 1:
             return frontier
+        base = min(g for g, _ in frontier.values())
+        key = (seg.signature, tuple(sorted((st, round(g - base, 13)) for st, (g, _) in frontier.items())))
+        survivors = self._survivors.get(key)
+        if survivors is None:
+            survivors = self._survivors[key] = tuple(self._undominated(seg, frontier))
+        return {state: frontier[state] for state in survivors}
+
+    def _undominated(self, seg: Segment, frontier: Frontier) -> Frontier:
         live = self._live[seg.stop]
         kept = {}
         for state, (g, path) in frontier.items():
@@ -572,7 +587,7 @@ class Searcher:
             for other, (g2, _) in frontier.items():
                 if other == state or g2 > g:
                     continue
-                extra = sum(min(self._move_seconds(vid, a, b) for a in _bits(o)) for vid, o, m in
+                extra = sum(self._convert(vid, o, b)[0] for vid, o, m in
                             zip(live, other, state) for b in _bits(m) if not o >> b & 1)
                 if g2 + extra < g - 1e-15 or (g2 + extra <= g and other < state):
                     dominated = True
@@ -625,11 +640,14 @@ class _ValueBound:
     The plain bound (every remaining node at its cheapest strategy's own price) ignores that
     a value held in the wrong layout must be moved before it is used. Here each live value
     gets its own relaxed problem: the rest of the segment solved exactly with *only that
-    value's* layouts tracked (every other input is had for free, in any layout). Its optimum
-    is a lower bound on the real cost to go, so the largest over the state's values is too;
-    each is a shortest path in a relaxation, so their maximum is consistent and A* still
-    settles states in order. The tables are small (a value's layout sets times the segment's
-    nodes) and built lazily, only for the masks states actually hold.
+    value's* layouts tracked (every other input is had for free, in any layout), handing on,
+    at each node that reads it, to the outputs that node gives birth to (see :meth:`_solve`).
+    Its optimum is a lower bound on the real cost to go, so the largest over the state's
+    values is too; each step of it is bounded by the relaxations of the next state's values,
+    so their maximum is consistent and A* still settles states in order. The tables are small
+    (a value's layout sets times the segment's nodes) and built lazily, only for the masks
+    states actually hold. tests/test_search_bounds.py checks both properties in every
+    reachable state of small models.
     """
 
     def __init__(self, searcher: Searcher, seg: Segment) -> None:
