@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 
 # Largest table (entries) one elimination step may build; wider segments are left to the beam.
 MAX_TABLE_ENTRIES = 1 << 21
+# A segment that keeps this many activations live at some point is eliminated before the A*
+# tries it: a mixture-of-experts gate keeps 10-11 (and exhausts any A* budget), a transformer
+# block at most 5 (which the A* finishes in a few thousand expansions).
+WIDE_LIVE = 6
 
 _ENTRY = -1   # the variable of the entry state (one of the frontier's states)
 
@@ -73,9 +77,10 @@ class SegmentEliminator:
     A* solves every layer again. A transfer is eliminated once per set of entry states and
     then serves every layer with a product and the choices of a few (entry, exit) pairs.
 
-    It takes a segment that the A* cannot finish (one in the searcher's hard set, or any
-    that reaches the beam), and one whose entry states repeat with other relative costs (the
-    memo missed it before), unless its elimination is too wide.
+    It takes a segment that keeps :data:`WIDE_LIVE` activations live, one that the A*
+    cannot finish (in the searcher's hard set, or reaching the beam), and one whose entry
+    states repeat with other relative costs (the memo missed it before), unless its
+    elimination is too wide.
     """
 
     def __init__(self, searcher: Searcher) -> None:
@@ -92,7 +97,7 @@ class SegmentEliminator:
             deadline = self.searcher.deadline
             if deadline is not None and time.perf_counter() > deadline:
                 return None
-            if not (hard or seg.signature in self.searcher._hard or key in self.misses):
+            if not (hard or seg.signature in self.searcher._hard or key in self.misses or self._wide(seg)):
                 self.misses.add(key)
                 return None
             try:
@@ -102,6 +107,11 @@ class SegmentEliminator:
                 self.transfers[key] = None
         transfer = self.transfers[key]
         return None if transfer is None else transfer.apply(frontier, base)
+
+
+    def _wide(self, seg: Segment) -> bool:
+        live = self.searcher._live
+        return max(len(live[i]) for i in range(seg.start, seg.stop + 1)) >= WIDE_LIVE
 
 
 def solve_by_elimination(searcher: Searcher, seg: Segment, frontier: dict, base: float) -> dict | None:
