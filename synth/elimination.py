@@ -49,6 +49,10 @@ MAX_TABLE_ENTRIES = 1 << 21
 # tries it: a mixture-of-experts gate keeps 10-11 (and exhausts any A* budget), a transformer
 # block at most 5 (which the A* finishes in a few thousand expansions).
 WIDE_LIVE = 6
+# So is a segment entered in this many states: the A* works through every one of them (after a
+# MoE layer, the next attention block starts from 8: 2,000-3,000 expansions, 20x the time of
+# its elimination), the elimination only keeps one more small variable to the end.
+WIDE_ENTRY = 6
 
 # Elimination orders by (segment structure, variable sizes); a few hundred at most are kept.
 _ORDERS: dict[tuple, list[int]] = {}
@@ -81,10 +85,10 @@ class SegmentEliminator:
     A* solves every layer again. A transfer is eliminated once per set of entry states and
     then serves every layer with a product and the choices of a few (entry, exit) pairs.
 
-    It takes a segment that keeps :data:`WIDE_LIVE` activations live, one that the A*
-    cannot finish (in the searcher's hard set, or reaching the beam), and one whose entry
-    states repeat with other relative costs (the memo missed it before), unless its
-    elimination is too wide.
+    It takes a segment that keeps :data:`WIDE_LIVE` activations live or is entered in
+    :data:`WIDE_ENTRY` states, one that the A* cannot finish (in the searcher's hard set, or
+    reaching the beam), and one whose entry states repeat with other relative costs (the memo
+    missed it before), unless its elimination is too wide.
     """
 
     def __init__(self, searcher: Searcher) -> None:
@@ -101,7 +105,8 @@ class SegmentEliminator:
             deadline = self.searcher.deadline
             if deadline is not None and time.perf_counter() > deadline:
                 return None
-            if not (hard or seg.signature in self.searcher._hard or key in self.misses or self._wide(seg)):
+            if not (hard or seg.signature in self.searcher._hard or key in self.misses
+                    or self._wide(seg, len(frontier))):
                 self.misses.add(key)
                 return None
             try:
@@ -113,9 +118,9 @@ class SegmentEliminator:
         return None if transfer is None else transfer.apply(frontier, base)
 
 
-    def _wide(self, seg: Segment) -> bool:
+    def _wide(self, seg: Segment, entries: int) -> bool:
         live = self.searcher._live
-        return max(len(live[i]) for i in range(seg.start, seg.stop + 1)) >= WIDE_LIVE
+        return entries >= WIDE_ENTRY or max(len(live[i]) for i in range(seg.start, seg.stop + 1)) >= WIDE_LIVE
 
 
 def solve_by_elimination(searcher: Searcher, seg: Segment, frontier: dict, base: float) -> dict | None:
