@@ -45,6 +45,18 @@ if TYPE_CHECKING:
 
 # Largest table (entries) one elimination step may build; wider segments are left to the beam.
 MAX_TABLE_ENTRIES = 1 << 21
+# A segment that keeps this many activations live at some point is eliminated before the A*
+# tries it: a mixture-of-experts gate keeps 10-11 (and exhausts any A* budget), a transformer
+# block at most 5 (which the A* finishes in a few thousand expansions).
+WIDE_LIVE = 6
+# So is a segment entered in this many states: the A* works through every one of them (after a
+# MoE layer, the next attention block starts from 8: 2,000-3,000 expansions, 20x the time of
+# its elimination), the elimination only keeps one more small variable to the end.
+WIDE_ENTRY = 6
+
+# Elimination orders by (segment structure, variable sizes); a few hundred at most are kept.
+_ORDERS: dict[tuple, list[int]] = {}
+_ORDERS_KEPT = 512
 
 _ENTRY = -1   # the variable of the entry state (one of the frontier's states)
 
@@ -73,9 +85,10 @@ class SegmentEliminator:
     A* solves every layer again. A transfer is eliminated once per set of entry states and
     then serves every layer with a product and the choices of a few (entry, exit) pairs.
 
-    It takes a segment that the A* cannot finish (one in the searcher's hard set, or any
-    that reaches the beam), and one whose entry states repeat with other relative costs (the
-    memo missed it before), unless its elimination is too wide.
+    It takes a segment that keeps :data:`WIDE_LIVE` activations live or is entered in
+    :data:`WIDE_ENTRY` states, one that the A* cannot finish (in the searcher's hard set, or
+    reaching the beam), and one whose entry states repeat with other relative costs (the memo
+    missed it before), unless its elimination is too wide.
     """
 
     def __init__(self, searcher: Searcher) -> None:
@@ -92,7 +105,8 @@ class SegmentEliminator:
             deadline = self.searcher.deadline
             if deadline is not None and time.perf_counter() > deadline:
                 return None
-            if not (hard or seg.signature in self.searcher._hard or key in self.misses):
+            if not (hard or seg.signature in self.searcher._hard or key in self.misses
+                    or self._wide(seg, len(frontier))):
                 self.misses.add(key)
                 return None
             try:
@@ -102,6 +116,11 @@ class SegmentEliminator:
                 self.transfers[key] = None
         transfer = self.transfers[key]
         return None if transfer is None else transfer.apply(frontier, base)
+
+
+    def _wide(self, seg: Segment, entries: int) -> bool:
+        live = self.searcher._live
+        return entries >= WIDE_ENTRY or max(len(live[i]) for i in range(seg.start, seg.stop + 1)) >= WIDE_LIVE
 
 
 def solve_by_elimination(searcher: Searcher, seg: Segment, frontier: dict, base: float) -> dict | None:
@@ -192,11 +211,9 @@ class _SegmentProblem:
             starts[vid] = (_ENTRY, np.array([state[slot] for state in self.entries], dtype=np.int64))
         for j, table in enumerate(self.tables):
             ns = searcher.space.nodes[seg.start + j]
-            for (_, _, want, vid) in table[0][1]:
-                uses.setdefault(vid, [])
             for pos_index, (_, _, _, vid) in enumerate(table[0][1]):
                 wants = np.array([row[1][pos_index][2] for row in table], dtype=np.int64)
-                uses[vid].append((j, wants))
+                uses.setdefault(vid, []).append((j, wants))
             after = set(searcher._live[seg.start + j + 1])
             for out_index, name in enumerate(ns.node.outputs):
                 vid = searcher._vid[name]
@@ -224,7 +241,7 @@ class _SegmentProblem:
                 mask = mask[..., None]
                 seconds = seconds[..., None]
             want = wants.reshape([-1 if a == axis else 1 for a in range(len(scope))])
-            seconds = seconds + _conversion_seconds(self.searcher, vid, mask, want)
+            seconds = seconds + _conversion_seconds(self.searcher, vid, mask, wants, want)
             mask = mask | (1 << want)
         shape = tuple(self.domain[v] for v in scope)
         seconds = np.broadcast_to(seconds, shape)
@@ -262,7 +279,20 @@ class _SegmentProblem:
 
     def _order(self, factors: list[_Factor]) -> list[int]:
         """Node variables in greedy order: next, the one whose elimination builds the smallest
-        table (ties: the earliest node)."""
+        table (ties: the earliest node). It depends on the segment's structure and the sizes of
+        its variables only, so it is found once for every search of that shape."""
+        key = (self.seg.signature, tuple(sorted(self.domain.items())), MAX_TABLE_ENTRIES)
+        order = _ORDERS.get(key)
+        if order is None:
+            if len(_ORDERS) >= _ORDERS_KEPT:
+                _ORDERS.clear()
+            order = _ORDERS[key] = self._greedy_order(factors)
+        if not order:
+            raise SegmentTooWide(f"segment {self.seg.signature}: too wide to eliminate")
+        return order
+
+    def _greedy_order(self, factors: list[_Factor]) -> list[int]:
+        """:meth:`_order`'s search; empty when some step would exceed :data:`MAX_TABLE_ENTRIES`."""
         neighbours: dict[int, set[int]] = {j: set() for j in range(self.n)}
         for f in factors:
             for v in f.scope:
@@ -277,7 +307,7 @@ class _SegmentProblem:
                 return math.prod(self.domain[v] for v in neighbours[j]) * self.domain[j]
             var = min(left, key=lambda j: (size(j), j))
             if size(var) > MAX_TABLE_ENTRIES:
-                raise SegmentTooWide(f"segment {self.seg.signature}: table of {size(var)} entries")
+                return []
             order.append(var)
             left.discard(var)
             for a in neighbours[var]:
@@ -325,12 +355,17 @@ class _SegmentProblem:
         return state, seconds, path
 
 
-def _conversion_seconds(searcher: Searcher, vid: int, mask: np.ndarray, want: np.ndarray) -> np.ndarray:
-    """Seconds to get layout ``want`` from the copies in ``mask``, elementwise (0 where held),
-    priced by the searcher's own (cached) conversion rule for each distinct pair."""
-    mask, want = np.broadcast_arrays(mask, want)
-    pairs, inverse = np.unique(mask * 64 + want, return_inverse=True)
+def _conversion_seconds(searcher: Searcher, vid: int, mask: np.ndarray, codes: np.ndarray,
+                        want: np.ndarray) -> np.ndarray:
+    """Seconds to get layout ``want`` (one of ``codes``) from the copies in ``mask``,
+    elementwise (0 where held), by the searcher's own cached conversion rule: priced once per
+    distinct (held mask, wanted layout) pair."""
+    held, inverse = np.unique(mask, return_inverse=True)
+    wanted = np.unique(codes).tolist()
+    table = np.zeros((len(held), max(wanted) + 1))
     convert = searcher._convert
-    seconds = np.array([0.0 if (p // 64) >> (p % 64) & 1 else convert(vid, int(p // 64), int(p % 64))[0]
-                        for p in pairs.tolist()])
-    return seconds[inverse.reshape(mask.shape)]
+    for row, m in enumerate(held.tolist()):
+        for w in wanted:
+            if not m >> w & 1:
+                table[row, w] = convert(vid, m, w)[0]
+    return table[inverse.reshape(mask.shape), want]
