@@ -701,6 +701,9 @@ class StagePlanner:
                     continue
                 w_all, v_all, id_all = np.concatenate(ws, axis=1), np.concatenate(vs, axis=1), np.concatenate(ids)
                 live = np.isfinite(w_all)
+                useful = live.any(axis=0)             # most (next cut, front entry) pairs are empty
+                if not useful.all():
+                    w_all, v_all, id_all, live = w_all[:, useful], v_all[:, useful], id_all[useful], live[:, useful]
                 for q in range(width):
                     if not live.any():
                         break
