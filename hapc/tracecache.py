@@ -220,14 +220,17 @@ def _stamps(paths: list[str]) -> list[list[Any]]:
 
 
 def _process_start_ns() -> int | None:
-    """When this process started (Linux: from /proc), or None where that cannot be read."""
+    """When this process started, to within tens of milliseconds and never later than it did
+    (Linux: its start in clock ticks after boot against the uptime, from /proc); None where
+    that cannot be read."""
     try:
         with open("/proc/self/stat") as f:
             start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return int((boot + start_ticks / os.sysconf("SC_CLK_TCK")) * 1e9)
-    except (OSError, ValueError, IndexError, StopIteration):
+        with open("/proc/uptime") as f:
+            uptime_s = float(f.read().split()[0])
+        age_s = uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
+        return time.time_ns() - int(age_s * 1e9) - 50_000_000      # the tick and the uptime's rounding
+    except (OSError, ValueError, IndexError):
         return None
 
 
