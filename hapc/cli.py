@@ -336,9 +336,10 @@ def _cmd_replan(args: argparse.Namespace) -> int:
         wrote.append("program.py")
     print(done.plan.summary())
     how = "the old program re-balanced" if done.kept_program else \
-        f"a new program ({done.carried_cost_seconds * 1e3:.3f} ms/iter for the old one on the new cluster)"
+        (f"a new program ({'over ' if done.carried_cost_is_floor else ''}"
+         f"{done.carried_cost_seconds * 1e3:.3f} ms/iter for the old one on the new cluster)")
     print(f"replanned {old.cluster.world} -> {cluster.world} devices in {time.perf_counter() - started:.2f} s "
-          f"(planning {done.seconds:.2f} s): {how}; "
+          f"(planning {done.seconds:.2f} s: {done.searches} searches, {done.simulations} simulations): {how}; "
           f"{done.plan.cost * 1e3:.3f} ms/iter (was {done.old_cost_seconds * 1e3:.3f} ms on the old cluster)")
     print(f"wrote {', '.join(str(out / w) for w in wrote)}")
     if not args.no_emit:
