@@ -220,27 +220,41 @@ def _stamps(paths: list[str]) -> list[list[Any]]:
 
 
 def _process_start_ns() -> int | None:
-    """When this process started (Linux: from /proc), or None where that cannot be read."""
+    """When this process started, to within tens of milliseconds and never later than it did
+    (Linux: its start in clock ticks after boot against the uptime, from /proc); None where
+    that cannot be read."""
     try:
         with open("/proc/self/stat") as f:
             start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return int((boot + start_ticks / os.sysconf("SC_CLK_TCK")) * 1e9)
-    except (OSError, ValueError, IndexError, StopIteration):
+        with open("/proc/uptime") as f:
+            uptime_s = float(f.read().split()[0])
+        age_s = uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
+        return time.time_ns() - int(age_s * 1e9) - 50_000_000      # the tick and the uptime's rounding
+    except (OSError, ValueError, IndexError):
         return None
 
 
+def _executed(event: str, args: tuple) -> None:
+    """Audit hook: when each Python file's code last ran (a module's body runs once per load)."""
+    if event == "exec" and args:
+        filename = getattr(args[0], "co_filename", None)
+        if isinstance(filename, str) and filename.endswith(".py"):
+            _EXECUTED_NS[filename] = time.time_ns()
+
+
+_EXECUTED_NS: dict[str, int] = {}
 _IMPORTED_NS = time.time_ns()       # where the process start is unknown: no later than this
+sys.addaudithook(_executed)
 
 
 def _edited_after_loading(paths: list[str]) -> str | None:
     """The first of ``paths`` (files of modules this process loaded earlier), outside
     site-packages, that may have been edited since it was loaded: its module may run other
     code than the file now holds (a notebook that edited a module without reloading it), so
-    a trace made with it must not be stamped with the file as it is now. A file unmodified
-    since the process started is safe; so is one whose compiled ``.pyc`` (written when it was
-    loaded) still records its current size and modification time."""
+    a trace made with it must not be stamped with the file as it is now. Safe: a file not
+    modified since its code last ran here (seen by an audit hook from the time this module
+    was imported; before that, since the process started), or whose compiled ``.pyc`` still
+    records its current size and modification time."""
     started = _process_start_ns()
     since = started if started is not None else _IMPORTED_NS     # no later than the true start
     installed = tuple(_unlisted_roots()[2])
@@ -251,7 +265,7 @@ def _edited_after_loading(paths: list[str]) -> str | None:
             st = os.stat(path)
         except OSError:
             continue            # not a file (torch.classes says ``_classes.py``): nothing is stamped
-        if st.st_mtime_ns >= since and not _bytecode_matches(path, st):
+        if st.st_mtime_ns >= _EXECUTED_NS.get(path, since) and not _bytecode_matches(path, st):
             return path
     return None
 
