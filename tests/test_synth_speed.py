@@ -69,15 +69,23 @@ def test_search_spaces_of_one_graph_share_its_structure():
     assert _build(other).live is not a.live
 
 
-def test_segments_that_run_out_of_states_are_beamed_in_later_searches_of_the_graph():
+def test_segments_that_run_out_of_states_are_remembered_for_later_searches_of_the_graph(monkeypatch):
+    """They are eliminated exactly (synth/elimination.py) without the A* trying them again,
+    or beamed, and the plan marked inexact, where the elimination would be too wide."""
+    from synth import elimination
+
     graph = _traced(Chain(depth=4, width=12), torch.randn(6, 12), torch.randn(6, 12)).graph
     first = Searcher(_build(graph))
     first.segment_budget = 0
-    assert not first.run().exact
+    assert first.run().exact
     later = _build(graph)
     assert later.hard_segments                     # remembered for the graph on this cluster
-    result = search(later)
+    searcher = Searcher(later)
+    assert searcher.run().exact and searcher.expanded == 0
+    monkeypatch.setattr(elimination, "MAX_TABLE_ENTRIES", 1)
+    result = search(_build(graph))
     assert not result.exact and result.cost_seconds > 0
+    monkeypatch.undo()
     elsewhere = _build(graph, cluster=load_cluster(THREE_UNEVEN))    # another cluster object
     assert not elsewhere.hard_segments and search(elsewhere).exact
 
