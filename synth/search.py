@@ -102,7 +102,7 @@ class Searcher:
         self._conv_seconds: dict[tuple[int, int], dict[int, float]] = {}
         # Per (node, value, allowed strategies of a segment's last node or None): the relaxation
         # rows of _ValueBound._solve, see _relaxation_rows.
-        self._relax_rows: dict[tuple, list[tuple[float, tuple[tuple[int, int], ...]]]] = {}
+        self._relax_rows: dict[tuple, list[tuple]] = {}
         self._codes_cache: dict[int, list[int]] = {}
         self._alt_cache: dict[tuple[int, int], list[tuple[int, float]]] = {}
         self._templates: dict[tuple, list[tuple]] = {}
@@ -230,6 +230,7 @@ class Searcher:
         return table
 
     def _conversion_miss(self, table: dict[int, float], vid: int, mask: int, want: int) -> float:
+        """Price a conversion a :meth:`_conversions` table does not hold yet, and keep it there."""
         seconds = table[mask] = self._convert(vid, mask, want)[0]
         return seconds
 
