@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import DistProgram
+from synth.elimination import SegmentEliminator
 from synth.space import FREE, PARAM, NodeSpace, SearchSpace, Segment, layout_order
 
 State = tuple  # layout bitmasks, one per activation live at that point (see Searcher._live)
@@ -120,6 +121,8 @@ class Searcher:
         self._timed_out: set[str] = set()
         self._live = [[self._vid[v] for v in live] for live in space.live]
         self._tables = _Tables(self)
+        # Exact solver of the segments the A* cannot finish or solves again every layer.
+        self.elimination = SegmentEliminator(self)
 
     @staticmethod
     def code(layout: Layout) -> int:
@@ -303,6 +306,8 @@ class Searcher:
         key = (seg.signature, tuple(sorted((st, round(g - base, 13)) for st, (g, _) in frontier.items())))
         hit = self._memo.get(key)
         if hit is None:
+            hit = self.elimination.solve(seg, frontier, base)
+        if hit is None:
             beam = seg.signature in self._hard or seg.signature in self._timed_out
             hit = self._beam_segment(seg, frontier, base) if beam else \
                 self._astar_segment(seg, frontier, base)
@@ -390,7 +395,12 @@ class Searcher:
         return result
 
     def _beam_segment(self, seg: Segment, frontier: Frontier, base: float, width: int = 24) -> dict:
-        """The segment with at most ``width`` states per node (cheapest first): fast, not exact."""
+        """The segment with at most ``width`` states per node (cheapest first): fast, not exact.
+        Out of states rather than time, it is first solved exactly by elimination if narrow enough."""
+        if seg.signature not in self._timed_out:
+            exact = self.elimination.solve(seg, frontier, base, hard=True)
+            if exact is not None:
+                return exact
         self.exact = False
         nodes = self.space.nodes
         layer = {st: (g - base, st, []) for st, (g, _) in frontier.items()}
