@@ -37,6 +37,7 @@ import itertools
 import math
 import operator
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -103,7 +104,7 @@ class Searcher:
         self._conv_seconds: dict[tuple[int, int], dict[int, float]] = {}
         # Per (node, value, allowed strategies of a segment's last node or None): the relaxation
         # rows of _ValueBound._solve, see _relaxation_rows.
-        self._relax_rows: dict[tuple, list[tuple[float, tuple[tuple[int, int], ...]]]] = {}
+        self._relax_rows: dict[tuple, list[tuple]] = {}
         self._codes_cache: dict[int, list[int]] = {}
         self._alt_cache: dict[tuple[int, int], list[tuple[int, float]]] = {}
         self._templates: dict[tuple, list[tuple]] = {}
@@ -119,7 +120,7 @@ class Searcher:
         self._hard = space.hard_segments
         self._timed_out: set[str] = set()
         self._live = [[self._vid[v] for v in live] for live in space.live]
-        self._tables = _Tables(lambda i: self._compile(space.nodes[i]), len(space.nodes))
+        self._tables = _Tables(self)
         # Exact solver of the segments the A* cannot finish or solves again every layer.
         self.elimination = SegmentEliminator(self)
 
@@ -233,6 +234,7 @@ class Searcher:
         return table
 
     def _conversion_miss(self, table: dict[int, float], vid: int, mask: int, want: int) -> float:
+        """Price a conversion a :meth:`_conversions` table does not hold yet, and keep it there."""
         seconds = table[mask] = self._convert(vid, mask, want)[0]
         return seconds
 
@@ -833,16 +835,19 @@ class _Tables:
     """Each node's move table (see :meth:`Searcher._compile`), built on first use: the A* and
     its bounds visit the first instances of each repeated segment, the rest are memo hits."""
 
-    def __init__(self, build: Callable[[int], list[tuple]], nodes: int) -> None:
-        self._build = build
-        self._rows: list[list[tuple] | None] = [None] * nodes
+    def __init__(self, searcher: Searcher) -> None:
+        # A weak reference: the searcher holds these tables, and a cycle would keep its memos
+        # alive until the cyclic collector runs (the search pauses it).
+        self._searcher = weakref.ref(searcher)
+        self._nodes = searcher.space.nodes
+        self._rows: list[list[tuple] | None] = [None] * len(self._nodes)
 
     def __getitem__(self, index: int | slice) -> list:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self._rows)))]
         rows = self._rows[index]
         if rows is None:
-            rows = self._rows[index] = self._build(index)
+            rows = self._rows[index] = self._searcher()._compile(self._nodes[index])
         return rows
 
     def __len__(self) -> int:
