@@ -7,13 +7,19 @@ the program emitted and with ``--no-emit``; then one ``hapc compile`` on the 7-d
 cluster for the quality and time comparison. The old plan is compiled once first (it writes
 the replan cache beside plan.json, see synth.reuse).
 
-    python -m bench.replan_time [--repeats 3] [--layers 48] [--no-save]
+    python -m bench.replan_time [--repeats 3] [--layers 48] [--no-save] [--phases]
+
+Besides times, it records what a replan ran (searches and whole-program simulations, from
+the command's last line): counts that a loaded machine does not distort. ``--phases`` adds
+the CPU seconds of each step of one ``hapc replan --no-emit`` in a fresh process, serial
+(``HAPC_SERIAL=1``: the forked search's CPU counted in the planning step).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import resource
 import statistics
@@ -47,18 +53,58 @@ def _ms_per_iter(stdout: str) -> float:
     return float(re.search(r"predicted time per iteration: ([0-9.]+) ms", stdout).group(1))
 
 
+def _counts(stdout: str) -> dict[str, int]:
+    """The searches and simulations ``hapc replan`` reports on its last line (none: not reported)."""
+    found = re.search(r"(\d+) searches, (\d+) simulations", stdout)
+    return {"searches": int(found.group(1)), "simulations": int(found.group(2))} if found else {}
+
+
+# One replan in steps, as hapc.cli's _cmd_replan takes them, with the CPU seconds of each.
+_PHASES = """
+import json, sys, time
+clock = time.process_time
+t = [clock()]
+from pathlib import Path
+from costmodel.cluster_edit import surviving_ranks, without_devices
+from hapc.plan import Plan
+from hapc.replan import replan
+from hapc.report import write_report
+from synth import reuse
+t.append(clock())
+old = Plan.load(sys.argv[1]); t.append(clock())
+reuse.load(old.graph, reuse.cache_path(sys.argv[1])); t.append(clock())
+cluster = without_devices(old.cluster, [7])
+done = replan(old, cluster, survivors=surviving_ranks(old.cluster.world, [7])); t.append(clock())
+out = Path(sys.argv[2]); out.mkdir(parents=True, exist_ok=True)
+done.plan.save(out / "plan.json"); t.append(clock())
+write_report(done.plan, out); t.append(clock())
+names = ["imports", "plan_load", "replan_cache", "planning", "plan_save", "report"]
+print(json.dumps({n: round(b - a, 3) for n, a, b in zip(names, t, t[1:])}))
+"""
+
+
+def _phases(plan: Path, out: Path) -> dict[str, float]:
+    """CPU seconds of each step of one replan (``--drop 7``, no program.py) in a fresh process."""
+    env = dict(os.environ, HAPC_SERIAL="1")
+    proc = subprocess.run([sys.executable, "-c", _PHASES, str(plan), str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.replan_time", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--no-save", action="store_true", help="print only; leave bench/results.json alone")
+    parser.add_argument("--phases", action="store_true", help="also the CPU seconds of each step of one replan")
     args = parser.parse_args(argv)
     import yaml
 
     from costmodel.cluster import load_cluster
     from costmodel.cluster_edit import without_devices
 
-    model = [str(model_path("gpt")), "--set", f"layers={args.layers}", "-q"]
+    # Cold compiles, as a first compile is (no trace cache; see bench.compile_time for a warm one).
+    model = [str(model_path("gpt")), "--set", f"layers={args.layers}", "-q", "--no-trace-cache"]
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         old_wall, old_cpu, _ = _hapc(["compile", *model[:1], "--cluster", str(HAP8), "-o", str(tmp / "old"),
@@ -67,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         walls: dict[str, list[float]] = {"emit": [], "no_emit": []}
         cpus: dict[str, list[float]] = {"emit": [], "no_emit": []}
         replanned = 0.0
+        counts: dict[str, int] = {}
         for i in range(args.repeats):
             for kind in walls:
                 extra = ["--no-emit"] if kind == "no_emit" else []
@@ -75,8 +122,13 @@ def main(argv: list[str] | None = None) -> int:
                 walls[kind].append(wall)
                 cpus[kind].append(cpu)
                 replanned = _ms_per_iter(out)
+                counts = _counts(out)
                 say(f"hapc replan --drop 7{' --no-emit' if extra else ''}: {wall:.2f} s wall, {cpu:.2f} s CPU, "
-                    f"{replanned:.3f} ms/iter")
+                    f"{replanned:.3f} ms/iter" + (f", {counts['searches']} searches, {counts['simulations']} simulations"
+                                                  if counts else ""))
+        phases = _phases(tmp / "old" / "plan.json", tmp / "phases") if args.phases else {}
+        if phases:
+            say("CPU seconds by step (serial): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
         seven = tmp / "seven.yaml"
         seven.write_text(yaml.safe_dump(without_devices(load_cluster(HAP8), [7]).to_dict()))
         fresh_wall, fresh_cpu, out = _hapc(["compile", *model[:1], "--cluster", str(seven), "-o", str(tmp / "fresh"),
@@ -92,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             cpus["no_emit"]),
         "fresh_compile_wall_seconds": fresh_wall, "fresh_compile_cpu_seconds": fresh_cpu,
         "replan_ms_per_iter": replanned, "fresh_ms_per_iter": fresh,
+        "replan_searches": counts.get("searches"), "replan_simulations": counts.get("simulations"),
+        **({"replan_cpu_seconds_by_step": phases} if phases else {}),
         "target_seconds": 1.0,
     }
     print(json.dumps(figures, indent=1))

@@ -28,8 +28,6 @@ from math import isnan
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from costmodel.catalog import DTYPES, device_names, device_spec, link_names, link_spec
 from costmodel.cluster import Cluster, Device, Host, Link
 from costmodel.opclass import DEFAULT_EFFICIENCY
@@ -67,6 +65,8 @@ def read_cluster_file(path: str | Path) -> Cluster:
     if not p.is_file():
         hint = "" if p.suffix in (".yaml", ".yml") else " (a cluster file is YAML, e.g. configs/clusters/*.yaml)"
         raise UserError(f"no such cluster file{hint}", where=label)
+    import yaml      # here, not at the top: a plan.json carries its cluster as a dict (hapc replan never reads YAML)
+
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import signal
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -54,6 +55,19 @@ class Beside(Generic[T]):
             os._exit(0)                                 # no atexit handlers, no flushing the parent's buffers
         os.close(write)
         self._pid, self._read = pid, read
+
+    @property
+    def forked(self) -> bool:
+        """Whether the job runs in a child now (else :meth:`result` will compute it here)."""
+        return self._pid != 0
+
+    def ready(self) -> bool:
+        """Whether :meth:`result` would return without waiting for the child (true when there
+        is none: the job then runs when asked)."""
+        if not self._pid:
+            return True
+        readable, _, _ = select.select([self._read], [], [], 0)
+        return bool(readable)             # the child writes its whole result once, at its end
 
     def cancel(self) -> None:
         """Stop the child (its result is not wanted) and reap it."""

@@ -21,11 +21,21 @@ works from ``plan.json`` alone (it holds the graph: nothing is traced) and, by e
 **Time.** ``hapc replan`` has a second. The search gets each node's strategies from the
 cache the compile wrote beside plan.json (:mod:`synth.reuse`: the sharding rules would import
 torch), the LP runs on ``highspy`` (:mod:`synth.lp_highspy`: not scipy.optimize), and only
-the leading candidate is re-balanced, and the second overlap's search runs in a forked child
-when a core is spare (:mod:`hapc.forked`), beside the old program's simulation and the first
-search. A search replan simulates the
-1066-node program of a 48-layer GPT four times (the old program, two searched ones, the
-re-balanced winner) besides the one :meth:`Plan.load` makes: most of what is left.
+the leading candidate is re-balanced. Simulations of the 1066-node program of a 48-layer GPT
+are most of what is left, so a replan avoids them where a cheaper fact decides:
+
+* the old program's collectives alone (:mod:`costmodel.comm_floor`, no timeline) often
+  settle both ``auto``'s question and whether it could beat a searched program; it is then
+  never simulated (dropping one of HAP's 8 devices: a floor of 1123 ms against 745 expected
+  and 681 searched);
+* the second overlap's search runs in a forked child when a core is spare
+  (:mod:`hapc.forked`), and meanwhile this process re-balances the first search's program,
+  which usually leads; the child sends back its program's time and fit, not its simulation;
+* whether a program fits is asked only of one that could win on time.
+
+That search replan runs two searches and three simulations (the first search's program, the
+child's, the re-balanced winner), against four before the floor; plan.json is the same
+either way, and the same with ``HAPC_SERIAL=1`` (no child).
 
 Whichever simulates fastest and fits wins; a tie keeps the old program.
 """
@@ -35,11 +45,12 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from costmodel.cluster import Cluster
+from costmodel.comm_floor import blocking_comm_floor_seconds
 from costmodel.simulator import SimResult, simulate
 from hapc.errors import UserError
 from hapc.forked import Beside
@@ -73,6 +84,10 @@ class Replanned:
     seconds: float                 # wall time of the replan (loaded machines: see the report)
     old_cost_seconds: float        # the old plan's predicted iteration time on its own cluster
     carried_cost_seconds: float    # the old program on the new cluster, re-balanced when it led (inf: did not fit)
+    carried_cost_is_floor: bool = False  # not simulated: carried_cost_seconds is its collectives' floor
+    simulations: int = 0           # of whole programs, by this replan (children's included, the full effort's not)
+    searches: int = 0              # A* searches of the whole graph
+    share_lps: int = 0             # share LPs solved (one per re-balance)
 
 
 def carry_shares(old: Sequence[float], survivors: Sequence[int] | None, cluster: Cluster,
@@ -144,35 +159,118 @@ def searched(graph: Graph, shares: Sequence[float], cluster: Cluster, optimizer:
     return program, simulate(program, cluster, optimizer=optimizer), result
 
 
+@dataclass
+class _Candidate:
+    """A program competing to be the new plan, with its simulation at the carried shares
+    (``sim`` is None for one searched in a child, which sends back only its time and fit).
+
+    Whether it fits is asked only when it matters: a program no faster than one that fits
+    loses either way, and the memory model is a good part of a simulation."""
+
+    name: str                       # "kept" (the old program) or "searched"
+    program: DistProgram
+    seconds: float
+    sim: SimResult | None = None
+    info: dict[str, object] | None = None
+    known_fit: bool | None = None   # None: not asked yet (``fits`` asks the simulation)
+    # Where ``sim`` is None: makes the simulation here, when it is asked for (see :meth:`simulation`).
+    simulate_here: Callable[[DistProgram], SimResult] | None = field(default=None, repr=False)
+
+    @staticmethod
+    def simulated(name: str, program: DistProgram, sim: SimResult,
+                  info: dict[str, object] | None = None) -> _Candidate:
+        return _Candidate(name, program, sim.iteration_seconds, sim, info)
+
+    @property
+    def fits(self) -> bool:
+        if self.known_fit is None:
+            self.known_fit = self.simulation().memory.all_fit
+        return self.known_fit
+
+    def simulation(self) -> SimResult:
+        """The full simulation (timeline, memory), made here the first time for a program
+        searched in a child."""
+        if self.sim is None:
+            assert self.simulate_here is not None
+            self.sim = self.simulate_here(self.program)
+        return self.sim
+
+
+def _ahead(a: _Candidate, b: _Candidate) -> bool:
+    """:func:`_faster` on candidates: fitting beats not fitting, then the shorter iteration
+    (a program no faster than one that fits loses without asking whether it fits)."""
+    faster = a.seconds < b.seconds * (1 - 1e-9)
+    if not faster and b.fits:
+        return False
+    if a.fits != b.fits:
+        return a.fits
+    return faster
+
+
+def _first(candidates: Sequence[_Candidate]) -> _Candidate:
+    """The fastest candidate that fits (ties: the old program, the user already knows it),
+    else the fastest; fits asked in order of speed, only until one does."""
+    ranked = sorted(candidates, key=lambda c: (c.seconds, c.name != "kept"))
+    return next((c for c in ranked if c.fits), ranked[0])
+
+
+def _search_info(result: SearchResult) -> dict[str, object]:
+    return {"exact": result.exact, "gap": result.gap, "segments": result.segments,
+            "distinct_segments": result.distinct_segments, "states_expanded": result.states_expanded}
+
+
 class _SearchRound:
     """:func:`searched` under each of ``SEARCH_OVERLAPS`` at the same shares. The overlaps after
     the first start at once in forked children when there is a spare core (see hapc.forked),
-    before the caller knows whether it will want them: ``auto`` decides from a simulation of
-    the old program, which then runs beside them instead of before; :meth:`cancel` stops them
-    when the answer is no. What crosses the pipe is a program's steps, its simulation and the
-    search's figures, not the graph."""
+    before the caller knows whether it will want them: ``auto`` may decide from a simulation
+    of the old program, which then runs beside them instead of before; :meth:`cancel` stops
+    them when the answer is no. What crosses the pipe is a program's steps, its time and fit
+    and the search's figures: not the graph, and not the simulation (its timeline and memory
+    report are only needed for the candidate that leads, which is simulated again here)."""
 
     def __init__(self, graph: Graph, shares: Sequence[float], cluster: Cluster, optimizer: str) -> None:
         self._args = (graph, tuple(shares), cluster, optimizer)
         self._beside = [Beside(functools.partial(self._job, overlap)) for overlap in SEARCH_OVERLAPS[1:]]
 
-    def _job(self, overlap: float) -> tuple[list, dict, SimResult, dict[str, object]]:
-        program, sim, result = searched(*self._args, overlap)
-        info = {"exact": result.exact, "gap": result.gap, "segments": result.segments,
-                "distinct_segments": result.distinct_segments, "states_expanded": result.states_expanded}
-        return program.steps, program.source_layouts, sim, info
+    @property
+    def forked(self) -> bool:
+        """Whether the other overlaps are being searched in children, beside this process."""
+        return any(b.forked for b in self._beside)
 
-    def results(self) -> list[tuple[DistProgram, SimResult, dict[str, object]]]:
-        """One (program, simulation, search figures) per overlap, in ``SEARCH_OVERLAPS`` order:
-        the first searched here, the others collected from their children."""
-        outcomes = [self._job(SEARCH_OVERLAPS[0])] + [b.result() for b in self._beside]
+    def _job(self, overlap: float) -> tuple[list, dict, float, dict[str, object]]:
+        program, sim, result = searched(*self._args, overlap)
+        return program.steps, program.source_layouts, sim.iteration_seconds, _search_info(result)
+
+    def ready(self) -> bool:
+        """Whether every child has finished (its result waits in the pipe)."""
+        return all(b.ready() for b in self._beside)
+
+    def first(self) -> _Candidate:
+        """The first overlap's search, here, with its full simulation."""
+        program, sim, result = searched(*self._args, SEARCH_OVERLAPS[0])
+        return _Candidate.simulated("searched", program, sim, _search_info(result))
+
+    def others(self, simulate_here: Callable[[DistProgram], SimResult]) -> list[_Candidate]:
+        """The other overlaps' programs (collected from their children, or searched here without
+        a spare core), in ``SEARCH_OVERLAPS`` order, with their times; ``simulate_here`` makes
+        one's full simulation if it is asked for (it leads, or whether it fits matters)."""
         graph, shares = self._args[0], self._args[1]
-        return [(DistProgram(graph, shares, dict(layouts), list(steps)), sim, info)
-                for steps, layouts, sim, info in outcomes]
+        return [_Candidate("searched", DistProgram(graph, shares, dict(layouts), list(steps)), seconds, None, info,
+                           simulate_here=simulate_here)
+                for steps, layouts, seconds, info in (b.result() for b in self._beside)]
 
     def cancel(self) -> None:
         for b in self._beside:
             b.cancel()
+
+
+@dataclass
+class _Counts:
+    """What a replan ran, for the record and the benchmark (a loaded machine's seconds say little)."""
+
+    simulations: int = 0
+    searches: int = 0
+    share_lps: int = 0
 
 
 def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = None, effort: str = "auto",
@@ -181,89 +279,167 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
     ``"quick"`` nothing else; ``"search"`` one search round on the new cluster; ``"full"``
     everything ``hapc compile`` tries (every round, the baselines); ``"auto"`` (default)
     searches only when the old program at the carried shares lost more than the devices did
-    (see ``DEGRADED``). The leading candidate is re-balanced by the LP."""
+    (see ``DEGRADED``). The leading candidate is re-balanced by the LP.
+
+    The old program is simulated only when its collectives alone
+    (:func:`costmodel.comm_floor.blocking_comm_floor_seconds`) do not already settle both
+    questions, whether to search and whether it could win; the answer is the same either way."""
     if effort not in EFFORTS:
         raise ValueError(f"unknown effort {effort!r}; expected one of {', '.join(EFFORTS)}")
     say = progress or (lambda msg: None)
     started = time.perf_counter()
     optimizer = old.model.get("optimizer", "adamw")
     graph = old.graph
+    counts = _Counts()
     shares = carry_shares(old.program.shares, survivors, cluster, old.cluster)
-    # The old program at the carried shares: one simulation decides whether to search, and is a
-    # candidate of its own; only the fastest candidate pays for the LP (a share problem and a
-    # second simulation), as in a round of hapc compile. Simulations are most of a replan's time.
+    kept_program = DistProgram(graph, shares, dict(old.program.source_layouts), list(old.program.steps))
+    # The searches of the other overlaps start first, in children, so that they run beside
+    # whatever this process does next; "auto" may still cancel them.
     round_ = _SearchRound(graph, shares, cluster, optimizer) if effort in ("auto", "search") else None
-    kept = DistProgram(graph, shares, dict(old.program.source_layouts), list(old.program.steps))
+    kept: _Candidate | None = None
+    floor = 0.0
     try:
-        kept_sim = simulate(kept, cluster, optimizer=optimizer)
+        floor = blocking_comm_floor_seconds(kept_program, cluster)
+        if effort == "auto":
+            expected = old.cost * _total_flops(old.cluster) / _total_flops(cluster)
+            if floor > expected * (1 + DEGRADED):
+                effort = "search"
+                say(f"the old program lost more than the devices did (its collectives alone take "
+                    f"{floor * 1e3:.3f} ms/iter against {expected * 1e3:.3f} expected): searching")
+            else:
+                kept = _simulate_kept(kept_program, cluster, optimizer, shares, counts, say)
+                slower = kept.seconds > expected * (1 + DEGRADED)
+                effort = "search" if slower or not kept.fits else "quick"    # (not fitting: slower than anything)
+                said = f"{kept.seconds * 1e3:.3f} ms/iter" if slower or kept.fits else "does not fit"
+                say(f"the old program {'lost more' if effort == 'search' else 'lost no more'} than the devices did "
+                    f"({said}, against {expected * 1e3:.3f} ms/iter expected): "
+                    + ("searching" if effort == "search" else "no search"))
+        elif effort in ("quick", "full"):
+            kept = _simulate_kept(kept_program, cluster, optimizer, shares, counts, say)
     except BaseException:
         if round_ is not None:
             round_.cancel()
         raise
-    carried_cost = kept_sim.iteration_seconds if kept_sim.memory.all_fit else float("inf")
-    say(f"the old program at the carried shares: {kept_sim.iteration_seconds * 1e3:.3f} ms/iter"
-        + ("" if kept_sim.memory.all_fit else " (does not fit)") + ", shares " + "/".join(f"{x:.3f}" for x in shares))
-    candidates: dict[str, tuple[DistProgram, SimResult]] = {"kept": (kept, kept_sim)}
-    baselines: dict[str, float] = {}
-    info: dict[str, object] = {}
-    if effort == "auto":
-        expected = old.cost * _total_flops(old.cluster) / _total_flops(cluster)
-        effort = "search" if carried_cost > expected * (1 + DEGRADED) else "quick"
-        say(f"the old program {'lost more' if effort == 'search' else 'lost no more'} than the devices did "
-            f"({carried_cost * 1e3:.3f} ms/iter against {expected * 1e3:.3f} expected): "
-            + ("searching" if effort == "search" else "no search"))
     if round_ is not None and effort != "search":
         round_.cancel()
+    baselines: dict[str, float] = {}
+    info: dict[str, object] = {}
+    candidates: dict[str, _Candidate] = {}
+    if kept is not None:
+        candidates["kept"] = kept
     if effort == "search":
-        # As one round of hapc compile: search under each overlap assumption at the same shares
-        # (the strategies come from synth.reuse's cache when the CLI found one) and simulate each.
         assert round_ is not None
-        best: tuple[DistProgram, SimResult] | None = None
-        for overlap, (program, sim, found) in zip(SEARCH_OVERLAPS, round_.results()):
-            say(f"search on the new cluster (overlap {overlap:g}): {sim.iteration_seconds * 1e3:.3f} ms/iter")
-            if best is None or _faster(sim, best[1]):
-                best, info = (program, sim), found
-        assert best is not None
-        candidates["searched"] = best
-    if effort in ("quick", "search"):
-        # Re-balance the fastest candidate (ties: the old program); the rest stay at the carried shares.
-        lead = min(candidates, key=lambda k: (not candidates[k][1].memory.all_fit,
-                                              candidates[k][1].iteration_seconds, k != "kept"))
-        try:
-            candidates[lead] = rebalance(candidates[lead][0], shares, cluster, optimizer, candidates[lead][1])
-            say(f"the {'old' if lead == 'kept' else 'new'} program re-balanced: "
-                f"{candidates[lead][1].iteration_seconds * 1e3:.3f} ms/iter, shares "
-                + "/".join(f"{x:.3f}" for x in candidates[lead][0].shares))
-        except MemoryInfeasible:
-            say(f"the {'old' if lead == 'kept' else 'new'} program does not fit on the new cluster at any shares")
-        if lead == "kept" and candidates["kept"][1].memory.all_fit:
-            carried_cost = min(carried_cost, candidates["kept"][1].iteration_seconds)
+        candidates, info = _search_round(round_, kept, kept_program, floor, cluster, optimizer, shares, counts, say)
+        kept = candidates.get("kept", kept)
+    elif effort == "quick":
+        assert kept is not None
+        candidates["kept"], note = _rebalanced(kept, shares, cluster, optimizer, counts)
+        say(note)
     if effort == "full":
-        try:
-            candidates["kept"] = rebalance(kept, shares, cluster, optimizer, kept_sim)
-            carried_cost = candidates["kept"][1].iteration_seconds
-        except MemoryInfeasible:
-            pass
         from synth.synthesize import synthesize_program
 
+        assert kept is not None
+        candidates["kept"], _ = _rebalanced(kept, shares, cluster, optimizer, counts)
         result = synthesize_program(graph, cluster, optimizer=optimizer, progress=say)
-        candidates["searched"] = (result.best.program, result.best.sim)
+        candidates["searched"] = _Candidate.simulated("searched", result.best.program, result.best.sim)
         baselines = {k: c.seconds for k, c in result.baselines.items()}
+        counts.searches += result.searches
         if result.best.search is not None:
-            s = result.best.search
-            info = {"exact": s.exact, "gap": s.gap, "segments": s.segments,
-                    "distinct_segments": s.distinct_segments, "states_expanded": s.states_expanded,
-                    "rounds": len(result.rounds)}
-    fitting = {k: v for k, v in candidates.items() if v[1].memory.all_fit}
-    if not fitting:
+            info = dict(_search_info(result.best.search), rounds=len(result.rounds))
+    chosen = _first(list(candidates.values()))
+    if not chosen.fits:
         raise UserError(f"no plan fits in memory on the new cluster {cluster.name}".rstrip())
-    # Ties keep the old program: same speed, and the user already knows it.
-    chosen = min(fitting, key=lambda k: (fitting[k][1].iteration_seconds, k != "kept"))
-    program, sim = fitting[chosen]
-    name = old.name if chosen == "kept" else (result.best.name if effort == "full" else "hapc")
-    if chosen == "kept":
+    name = old.name if chosen.name == "kept" else (result.best.name if effort == "full" else "hapc")
+    if chosen.name == "kept":
         info = dict(old.search)           # the program is the old search's
-    info["replan"] = {"from": old.cluster.name or f"{old.cluster.world} devices", "kept_program": chosen == "kept",
-                      "effort": effort}
-    plan = Plan(program, cluster, sim, name, baselines, info, dict(old.model))
-    return Replanned(plan, chosen == "kept", effort, time.perf_counter() - started, old.cost, carried_cost)
+    info["replan"] = {"from": old.cluster.name or f"{old.cluster.world} devices",
+                      "kept_program": chosen.name == "kept", "effort": effort}
+    plan = Plan(chosen.program, cluster, chosen.simulation(), name, baselines, info, dict(old.model))
+    # The old program's time on the new cluster: re-balanced when it led, a floor when it was not simulated.
+    carried = min(_carried(c) for c in (kept, candidates.get("kept")) if c is not None) if kept is not None else floor
+    return Replanned(plan, chosen.name == "kept", effort, time.perf_counter() - started, old.cost, carried,
+                     carried_cost_is_floor=kept is None, simulations=counts.simulations,
+                     searches=counts.searches, share_lps=counts.share_lps)
+
+
+def _carried(kept: _Candidate) -> float:
+    """The old program's time on the new cluster, infinite when it does not fit."""
+    return kept.seconds if kept.fits else float("inf")
+
+
+def _simulate_kept(program: DistProgram, cluster: Cluster, optimizer: str, shares: Sequence[float],
+                   counts: _Counts, say: Progress) -> _Candidate:
+    sim = simulate(program, cluster, optimizer=optimizer)
+    counts.simulations += 1
+    say(f"the old program at the carried shares: {sim.iteration_seconds * 1e3:.3f} ms/iter, shares "
+        + "/".join(f"{x:.3f}" for x in shares))
+    return _Candidate.simulated("kept", program, sim)
+
+
+def _rebalanced(cand: _Candidate, shares: Sequence[float], cluster: Cluster, optimizer: str,
+                counts: _Counts) -> tuple[_Candidate, str]:
+    """``cand`` re-balanced by the LP (:func:`rebalance`), or as it was when it fits at no
+    shares; and a progress line saying which."""
+    assert cand.sim is not None
+    who = "old" if cand.name == "kept" else "new"
+    counts.share_lps += 1
+    try:
+        program, sim = rebalance(cand.program, shares, cluster, optimizer, cand.sim)
+    except MemoryInfeasible:
+        return cand, f"the {who} program does not fit on the new cluster at any shares"
+    counts.simulations += 1
+    return (_Candidate.simulated(cand.name, program, sim, cand.info),
+            f"the {who} program re-balanced: {sim.iteration_seconds * 1e3:.3f} ms/iter, shares "
+            + "/".join(f"{x:.3f}" for x in program.shares))
+
+
+def _search_round(round_: _SearchRound, kept: _Candidate | None, kept_program: DistProgram, floor: float,
+                  cluster: Cluster, optimizer: str, shares: Sequence[float], counts: _Counts,
+                  say: Progress) -> tuple[dict[str, _Candidate], dict[str, object]]:
+    """One round of hapc compile on the new cluster (each overlap assumption searched at the
+    carried shares, the strategies from synth.reuse's cache when the CLI found one) against
+    the old program; the leading candidate is re-balanced by the LP, the others stay at the
+    carried shares. Returns the candidates by name and the best search's figures.
+
+    The old program (``kept``, None when not simulated yet) is simulated only if its
+    collectives alone (``floor``) are not slower than a searched program that fits: else it
+    can neither lead nor win. While the other overlaps are still being searched in children,
+    this process does what will most likely be wanted next: it simulates the old program
+    when the first search has not ruled it out, else re-balances the first search's program
+    when that leads so far (usually the winner; wasted only when a child's program beats it)."""
+    first = round_.first()
+    counts.searches += 1
+    counts.simulations += 1
+    say(f"search on the new cluster (overlap {SEARCH_OVERLAPS[0]:g}): {first.seconds * 1e3:.3f} ms/iter")
+    if kept is None and not (first.fits and floor > first.seconds * (1 + 1e-9)) and round_.forked:
+        kept = _simulate_kept(kept_program, cluster, optimizer, shares, counts, say)
+    early = None
+    if round_.forked and not round_.ready() and (kept is None or _first([first, kept]) is first):
+        early = _rebalanced(first, shares, cluster, optimizer, counts)
+    best = first
+    def simulate_here(program: DistProgram) -> SimResult:
+        counts.simulations += 1
+        return simulate(program, cluster, optimizer=optimizer)
+
+    for overlap, cand in zip(SEARCH_OVERLAPS[1:], round_.others(simulate_here)):
+        counts.searches += 1
+        counts.simulations += 1
+        say(f"search on the new cluster (overlap {overlap:g}): {cand.seconds * 1e3:.3f} ms/iter")
+        if _ahead(cand, best):
+            best = cand
+    if kept is None:
+        if best.fits and floor > best.seconds * (1 + 1e-9):
+            say(f"the old program's collectives alone take {floor * 1e3:.3f} ms/iter: it cannot win "
+                "(not simulated)")
+        else:
+            kept = _simulate_kept(kept_program, cluster, optimizer, shares, counts, say)
+    lead = _first([best] if kept is None else [kept, best])
+    if lead is first and early is not None:
+        rebalanced, note = early
+    else:
+        lead.simulation()                # searched in a child: simulated again here, in full
+        rebalanced, note = _rebalanced(lead, shares, cluster, optimizer, counts)
+    say(note)
+    candidates = {"searched": best} | ({"kept": kept} if kept is not None else {})
+    candidates[lead.name] = rebalanced
+    return candidates, dict(best.info or {})

@@ -37,7 +37,8 @@ def graph_fingerprint(graph: Graph) -> str:
     """A hash of what a node's strategies depend on: every node's cost key (op, constants,
     shapes, dtypes, value kinds) and its wiring, in order."""
     shape = _structure_of(graph)
-    wiring = [(n.name, tuple(n.input_refs()), tuple(n.outputs)) for n in graph.nodes]
+    # shape.inputs[i] lists node i's input_refs() (with their kinds), already derived once.
+    wiring = [(n.name, tuple(r for r, _ in refs), tuple(n.outputs)) for n, refs in zip(graph.nodes, shape.inputs)]
     text = repr((len(graph.nodes), graph.output, shape.keys, wiring))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -92,10 +93,12 @@ def load(graph: Graph, path: str | Path) -> int:
         chosen = [decoded[k] for k in per_node]
     except (TypeError, ValueError, IndexError, KeyError, AttributeError) as exc:
         raise StaleCache(f"{where}: corrupt replan cache entry ({exc})") from None
-    for node, strategies in zip(graph.nodes, chosen):
-        if any(len(s.inputs) != len(node.input_refs()) or len(s.outputs) != len(node.outputs) for s in strategies):
-            raise StaleCache(f"{where}: replan cache strategies do not match node {node.name}'s arguments")
+    # Every strategy of a list has its nodes' numbers of inputs and outputs: checked per list.
+    arities = [{(len(s.inputs), len(s.outputs)) for s in strategies} for strategies in decoded]
     shape = _structure_of(graph)
+    for node, refs, k in zip(graph.nodes, shape.inputs, per_node):
+        if not arities[k] <= {(len(refs), len(node.outputs))}:
+            raise StaleCache(f"{where}: replan cache strategies do not match node {node.name}'s arguments")
     for key, strategies in zip(shape.keys, chosen):
         shape._strategies.setdefault(key, strategies)
     return len(decoded)

@@ -181,3 +181,18 @@ def test_a_job_beside_that_is_not_wanted_is_stopped_and_reaped():
     assert time.perf_counter() - started < 10
     with pytest.raises(ChildProcessError):        # reaped: no zombie left behind
         os.waitpid(pid, 0)
+
+
+def test_a_job_beside_says_when_its_result_is_ready():
+    import time
+
+    from hapc.forked import Beside, spare_core
+
+    if not spare_core():
+        pytest.skip("one core (or HAPC_SERIAL): nothing runs until asked")
+    job = Beside(lambda: time.sleep(0.5) or "done")
+    assert job.forked and not job.ready()          # the child is still sleeping
+    deadline = time.perf_counter() + 30
+    while not job.ready() and time.perf_counter() < deadline:
+        time.sleep(0.05)
+    assert job.ready() and job.result() == "done" and not job.forked

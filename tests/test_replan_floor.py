@@ -1,0 +1,82 @@
+"""The floor under a program's simulated time (costmodel.comm_floor) and what ``hapc replan``
+saves with it: the old program is not simulated when its collectives alone are slower than a
+searched program, and the plan is the same as when it is."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "costmodel"))
+
+from cm_programs import chain_graph, custom_cluster, zero3  # noqa: E402
+
+import hapc.replan  # noqa: E402
+from bench.common import HAP8  # noqa: E402
+from bench.golden import MODELS, golden_path  # noqa: E402
+from costmodel.cluster import load_cluster  # noqa: E402
+from costmodel.cluster_edit import without_devices  # noqa: E402
+from costmodel.collectives import KINDS  # noqa: E402
+from costmodel.comm_floor import blocking_comm_floor_seconds  # noqa: E402
+from costmodel.simulator import simulate  # noqa: E402
+from hapc.ir.program import DistProgram  # noqa: E402
+from hapc.plan import Plan  # noqa: E402
+
+
+def test_the_floor_is_under_the_simulated_collectives_of_every_golden_program():
+    """Each golden plan's program on its own cluster, with a device fewer, and on HAP's 8 GPUs
+    over two nodes: the floor never exceeds the collectives the simulator ran (let alone the
+    iteration), and is not a vacuous zero (the data-parallel ones move nothing before their
+    gradient all-reduce, which the floor leaves out; the others do)."""
+    positive = 0
+    for name in MODELS:
+        plan = Plan.load(golden_path(name))
+        for cluster in (plan.cluster, without_devices(plan.cluster, [1]), load_cluster(HAP8)):
+            program = DistProgram(plan.graph, tuple(cluster.flops_shares()), dict(plan.program.source_layouts),
+                                  list(plan.program.steps))
+            sim = simulate(program, cluster)
+            ran = sum(e.end_seconds - e.start_seconds for e in sim.events
+                      if e.phase in ("fwd", "bwd") and e.kind in KINDS)
+            floor = blocking_comm_floor_seconds(program, cluster)
+            assert 0.0 <= floor <= ran * (1 + 1e-12) <= sim.iteration_seconds * (1 + 1e-12), (name, cluster.name)
+            positive += floor > 0
+    assert positive >= 3
+
+
+def _zero3_onto_a_slow_network() -> tuple[Plan, object, list[int]]:
+    """A ZeRO-3 plan (every weight gathered before use) on four devices of one node, and the
+    same four devices as two nodes of two over a slow network: the old program's gathers
+    alone now outlast what a search finds."""
+    graph = chain_graph(batch=64, widths=(2048,) * 5, flops_per_layer=1e10)
+    device = (10.0, 16.0, 900.0)
+    cluster = load_cluster(custom_cluster(devices=(device,) * 4))
+    program = zero3(graph, cluster.flops_shares())
+    old = Plan(program, cluster, simulate(program, cluster), "zero3", {}, {}, {"optimizer": "adamw"})
+    return old, load_cluster(custom_cluster(devices=(device,) * 2, nodes=2, network_GBps=1.0)), [0, 1, 2, 3]
+
+
+def test_a_replan_that_does_not_simulate_the_old_program_makes_the_same_plan(monkeypatch):
+    old, new, survivors = _zero3_onto_a_slow_network()
+    floored = hapc.replan.replan(old, new, survivors=survivors)
+    assert floored.effort == "search" and floored.carried_cost_is_floor and not floored.kept_program
+    monkeypatch.setattr(hapc.replan, "blocking_comm_floor_seconds", lambda program, cluster: 0.0)
+    simulated = hapc.replan.replan(old, new, survivors=survivors)
+    assert simulated.effort == "search" and not simulated.carried_cost_is_floor
+    assert floored.carried_cost_seconds <= simulated.carried_cost_seconds
+    assert floored.simulations < simulated.simulations
+    assert json.dumps(floored.plan.to_dict()) == json.dumps(simulated.plan.to_dict())
+
+
+@pytest.mark.parametrize("effort", ["auto", "search"])
+def test_a_replan_makes_the_same_plan_with_or_without_a_child_process(effort, monkeypatch):
+    """The other overlap's search runs in a forked child when a core is spare, and the first
+    search's program is re-balanced while it runs: neither changes the plan."""
+    old, new, survivors = _zero3_onto_a_slow_network()
+    forked = hapc.replan.replan(old, new, survivors=survivors, effort=effort)
+    monkeypatch.setenv("HAPC_SERIAL", "1")
+    serial = hapc.replan.replan(old, new, survivors=survivors, effort=effort)
+    assert json.dumps(forked.plan.to_dict()) == json.dumps(serial.plan.to_dict())
+    assert (forked.searches, serial.searches) == (2, 2)
