@@ -23,10 +23,15 @@ expensive conversion of the best exit, since any other exit can be had from the 
 that conversion. An exact DP then chains the segments, dropping boundary states that a
 cheaper one converts into. The result is the optimum under the search's cost model.
 
-**Budgets.** A segment whose A* needs more than ``segment_budget`` expansions (a wide
-mixture-of-experts gate keeps ten values live) is finished by a beam search instead, and so
-is everything once ``deadline`` passes; the plan is then marked inexact and its lower bound is
-the sum of the per-node floors, so the gap is known.
+**Elimination.** A wide segment (a mixture-of-experts gate keeps ten values live), one the
+A* runs out of ``segment_budget`` expansions on, and one whose memo misses repeat, is solved
+exactly instead by variable elimination over its nodes' strategies (see
+:mod:`synth.elimination`): the plan stays proven optimal.
+
+**Budgets.** A segment too wide to eliminate whose A* needs more than ``segment_budget``
+expansions is finished by a beam search, and so is everything once ``deadline`` passes; the
+plan is then marked inexact and its lower bound is the sum of the per-node floors, so the gap
+is known.
 """
 
 from __future__ import annotations
