@@ -59,11 +59,11 @@ def test_example_models_replicate_to_the_full_trace(file, layers, monkeypatch):
 
 
 @pytest.mark.slow              # importing transformers alone takes seconds
-def test_hf_gpt2_falls_back_because_its_forward_reads_the_layer_index(monkeypatch):
-    """Hugging Face blocks keep ``layer_idx``; GPT-2's forward files its keys and values in the
-    generation cache under it (``use_cache`` is on even with labels), so the index is read and
-    the model is traced whole; the blocks get their real indices back."""
-    mf = load_model_file(str(MODELS / "hf_gpt2.py"), {**SMALL, "layers": 5, "attn_dropout": 0.0})
+def test_hf_gpt2_falls_back_when_its_forward_reads_the_layer_index(monkeypatch):
+    """Hugging Face blocks keep ``layer_idx``; with ``use_cache`` on, GPT-2's forward files its
+    keys and values in the generation cache under it (even with labels), so the index is read
+    and the model is traced whole; the blocks get their real indices back."""
+    mf = load_model_file(str(MODELS / "hf_gpt2.py"), {**SMALL, "layers": 5, "attn_dropout": 0.0, "use_cache": True})
     model = mf.build_model(device="meta")
     found = blocktrace.find_repeated_blocks(model)
     assert found is not None and ("attn", "layer_idx") in found.index_attributes
@@ -71,6 +71,19 @@ def test_hf_gpt2_falls_back_because_its_forward_reads_the_layer_index(monkeypatc
     assert not replicated
     _same_ir(full, fast)
     assert [b.attn.layer_idx for b in model.lm.transformer.h] == list(range(5))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("file, extra", [("hf_gpt2.py", {"attn_dropout": 0.0}), ("hf_llama.py", {"mlp": 96})])
+def test_hf_decoders_replicate_without_the_generation_cache(file, extra, monkeypatch):
+    """The example Hugging Face decoders train with ``use_cache`` off (their default here): the
+    layer index goes unread, one block is traced and replicated, identical to the full trace."""
+    small = {k: v for k, v in SMALL.items() if k != "dropout" or file == "hf_gpt2.py"}
+    mf = load_model_file(str(MODELS / file), {**small, "layers": 5, **extra})
+    model = mf.build_model(device="meta")
+    full, fast, replicated = _traced_both_ways(model, tuple(t.to("meta") for t in mf.build_inputs()), monkeypatch)
+    assert replicated
+    _same_ir(full, fast)
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 if __name__ != "__main__":    # the worker (this file under torchrun) needs none of it
-    from test_codegen import MODELS, SMALL_MIXED, emit_model, plan_for, torchrun, verify_line
+    from test_codegen import MODELS, SMALL_MIXED, emit_model, failure_excerpt, plan_for, torchrun, verify_line
 else:
     MODELS = []
 
@@ -39,7 +39,8 @@ def _cpu_cluster(tflops: list[float]) -> dict:
 
 def _assert_verified(proc) -> float:
     line = verify_line(proc)
-    assert line.startswith("verify: ok") and proc.returncode == 0, line + proc.stderr[-3000:]
+    assert line.startswith("verify: ok") and proc.returncode == 0, \
+        f"{line} (rc={proc.returncode})\n{failure_excerpt(proc)}"
     print(line)                 # shown with -s: the figures quoted in reports
     return float(line.split("max_abs_err=")[1])
 

@@ -30,12 +30,15 @@ class LossOf(nn.Module):
 
 
 def model(layers: int = 12, hidden: int = 768, heads: int = 12, seq: int = 1024, vocab: int = 50257,
-          batch: int = 8, dropout: float = 0.1, attn_dropout: float = 0.1) -> nn.Module:
+          batch: int = 8, dropout: float = 0.1, attn_dropout: float = 0.1, use_cache: bool = False) -> nn.Module:
+    """``use_cache`` off: training never reads the generation cache, and with it on every layer
+    files its keys and values under its own index, so hapc must trace all layers instead of one."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=seq, vocab_size=vocab,
                         resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=attn_dropout,
-                        bos_token_id=vocab - 1, eos_token_id=vocab - 1, loss_type="ForCausalLM")
+                        bos_token_id=vocab - 1, eos_token_id=vocab - 1, loss_type="ForCausalLM",
+                        use_cache=use_cache)
     config._attn_implementation = "sdpa"
     return LossOf(GPT2LMHeadModel(config))
 

@@ -603,6 +603,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"median step time {statistics.median(times[1:]):.6f} s over steps "
                   f"{first + 2}..{first + len(times)}", flush=True)
         report_peak_memory(trainer.rank, device)
+        if WORLD > 1:
+            # No rank tears its connections down while a peer may still be finishing the last
+            # step's collectives: gloo aborts a process whose socket closes under a pending op.
+            dist.barrier()
         return 0 if ok else 1
     finally:
         dist.destroy_process_group()
