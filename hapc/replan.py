@@ -30,7 +30,7 @@ are most of what is left, so a replan avoids them where a cheaper fact decides:
   and 681 searched);
 * the second overlap's search runs in a forked child when a core is spare
   (:mod:`hapc.forked`), and meanwhile this process re-balances the first search's program,
-  which usually leads; the child sends back its program's time and fit, not its simulation;
+  which usually leads; the child sends back its program and its time, not its simulation;
 * whether a program fits is asked only of one that could win on time.
 
 That search replan runs two searches and three simulations (the first search's program, the
@@ -162,7 +162,7 @@ def searched(graph: Graph, shares: Sequence[float], cluster: Cluster, optimizer:
 @dataclass
 class _Candidate:
     """A program competing to be the new plan, with its simulation at the carried shares
-    (``sim`` is None for one searched in a child, which sends back only its time and fit).
+    (``sim`` is None for one searched in a child, which sends back only its time).
 
     Whether it fits is asked only when it matters: a program no faster than one that fits
     loses either way, and the memory model is a good part of a simulation."""
@@ -224,7 +224,7 @@ class _SearchRound:
     the first start at once in forked children when there is a spare core (see hapc.forked),
     before the caller knows whether it will want them: ``auto`` may decide from a simulation
     of the old program, which then runs beside them instead of before; :meth:`cancel` stops
-    them when the answer is no. What crosses the pipe is a program's steps, its time and fit
+    them when the answer is no. What crosses the pipe is a program's steps, its time
     and the search's figures: not the graph, and not the simulation (its timeline and memory
     report are only needed for the candidate that leads, which is simulated again here)."""
 
