@@ -3,14 +3,21 @@
 the meta device, synthesizes, writes plan.json and the report, and emits program.py — the wall
 time a user waits. The target is 5 s.
 
+Two kinds of run, alternated so that both see the same machine load: **cold** (a fresh trace
+cache: torch is imported, the model traced with torch.export and the trace stored) and
+**warm** (a repeat compile: the graph and its node strategies come from the trace cache,
+:mod:`hapc.tracecache`, and torch.export never runs). ``wall_seconds`` is the cold median,
+as recorded before the cache existed; ``warm_wall_seconds`` the warm one.
+
 Also recorded: the time ``hapc compile`` itself reports (from loading the cluster to the
 last file written; without interpreter start-up and imports), and the process's CPU seconds
 (close to the wall time on an idle machine; on a loaded one the wall time is not).
 
 ``--phases`` instead runs the same steps in this process and prints the CPU seconds of each
-(imports, model build, trace, synthesize, plan.json, report, program.py).
+(imports, model build, trace, synthesize, plan.json, report, program.py); ``--phases --warm``
+the steps of a warm compile (after one cold compile in a subprocess fills a fresh cache).
 
-    python -m bench.compile_time [--repeats 3] [--layers 48] [--phases]
+    python -m bench.compile_time [--repeats 3] [--layers 48] [--phases [--warm]]
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -32,13 +40,15 @@ from bench.common import HAP8, ROOT, model_path, save_section, say
 SETTINGS = {"hidden": 768, "heads": 12, "seq": 256, "batch": 64, "vocab": 8192}
 
 
-def compile_once(layers: int, out: Path) -> tuple[float, float | None, bool, str, float]:
+def compile_once(layers: int, out: Path, cache_dir: Path) -> tuple[float, float | None, bool, str, float]:
+    """One ``hapc compile`` in a fresh process with the trace cache in ``cache_dir``."""
     sets = [x for k, v in {"layers": layers, **SETTINGS}.items() for x in ("--set", f"{k}={v}")]
     cmd = [sys.executable, "-m", "hapc.cli", "compile", str(model_path("gpt")), "--cluster", str(HAP8),
            "-o", str(out), *sets, "-q"]
     start = time.perf_counter()
     cpu_before = os.times()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False,
+                          env=dict(os.environ, HAPC_CACHE_DIR=str(cache_dir)))
     wall = time.perf_counter() - start
     cpu_after = os.times()
     cpu = (cpu_after.children_user - cpu_before.children_user) + (cpu_after.children_system - cpu_before.children_system)
@@ -50,8 +60,8 @@ def compile_once(layers: int, out: Path) -> tuple[float, float | None, bool, str
 
 
 def phases(layers: int) -> list[tuple[str, float]]:
-    """CPU seconds of each step of ``hapc compile``, run in this process (call it in a fresh one:
-    the imports are steps)."""
+    """CPU seconds of each step of a cold ``hapc compile``, run in this process (call it in a
+    fresh one: the imports are steps)."""
     clock = [time.process_time()]
     rows: list[tuple[str, float]] = []
 
@@ -66,6 +76,7 @@ def phases(layers: int) -> list[tuple[str, float]]:
     step("import torch._dynamo")
     from costmodel.cluster import load_cluster
     from hapc.api import synthesize
+    from hapc.cli import _lp_backend           # the LP backend hapc compile uses
     from hapc.modelfile import load_model_file
     from hapc.report import write_report
     from hapc.tracer import trace
@@ -78,7 +89,8 @@ def phases(layers: int) -> list[tuple[str, float]]:
     step("load cluster, build model (meta)")
     traced = trace(model, inputs)
     step("trace (torch.export, IR, FLOPs)")
-    plan = synthesize(traced, None, cluster, model_file=str(model_path("gpt")), model_kwargs=overrides)
+    plan = synthesize(traced, None, cluster, model_file=str(model_path("gpt")), model_kwargs=overrides,
+                      backend=_lp_backend())
     step("synthesize")
     with tempfile.TemporaryDirectory() as tmp:
         plan.save(Path(tmp) / "plan.json")
@@ -90,34 +102,90 @@ def phases(layers: int) -> list[tuple[str, float]]:
     return rows
 
 
+def warm_phases(layers: int) -> list[tuple[str, float]]:
+    """CPU seconds of each step of a warm ``hapc compile`` (graph and strategies from the trace
+    cache), in this process, after a cold compile in a subprocess fills a fresh cache. Both
+    processes run ``python -m`` from the repository root, so ``sys.path`` (part of the key)
+    is the same."""
+    cache = Path(tempfile.mkdtemp(prefix="hapc-bench-cache-"))
+    with tempfile.TemporaryDirectory() as tmp:
+        compile_once(layers, Path(tmp) / "cold", cache)
+    clock = [time.process_time()]
+    rows: list[tuple[str, float]] = []
+
+    def step(name: str) -> None:
+        now = time.process_time()
+        rows.append((name, now - clock[0]))
+        clock[0] = now
+
+    from costmodel.cluster import load_cluster
+    from hapc.api import synthesize
+    from hapc.cli import _lp_backend           # the LP backend hapc compile uses
+    from hapc.report import write_report
+    from hapc.tracecache import TraceCache, TraceKey
+    step("import hapc (no torch)")
+    overrides = {"layers": layers, **SETTINGS}
+    cluster = load_cluster(str(HAP8))
+    step("load cluster")
+    key = TraceKey.for_model_file(str(model_path("gpt")), overrides)
+    traced = TraceCache(cache, note=say).lookup(key) if key is not None else None
+    if traced is None:
+        raise RuntimeError("the cold compile left no usable trace cache entry")
+    step("trace cache: key, read, validate sources")
+    plan = synthesize(traced, None, cluster, model_file=str(model_path("gpt")), model_kwargs=overrides,
+                      backend=_lp_backend())
+    step("synthesize" + (" (cached strategies)" if traced.strategies_installed else " (strategies from the rules)"))
+    with tempfile.TemporaryDirectory() as tmp:
+        plan.save(Path(tmp) / "plan.json")
+        step("plan.json")
+        write_report(plan, tmp)
+        step("report.md + chart")
+        plan.emit(tmp, constants=traced.constants)
+        step("program.py" + (" (imports torch)" if "torch" in sys.modules else ""))
+    shutil.rmtree(cache, ignore_errors=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.compile_time", description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="cold/warm pairs to run")
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--phases", action="store_true", help="CPU seconds per step, in this process")
+    parser.add_argument("--warm", action="store_true", help="with --phases: the steps of a warm (cached) compile")
     args = parser.parse_args(argv)
     if args.phases:
-        rows = phases(args.layers)
+        rows = warm_phases(args.layers) if args.warm else phases(args.layers)
         total = sum(s for _, s in rows)
         for name, seconds in rows:
-            say(f"{name:34s} {seconds:6.2f} s CPU  {100 * seconds / total:5.1f}%")
-        say(f"{'total':34s} {total:6.2f} s CPU")
+            say(f"{name:44s} {seconds:6.2f} s CPU  {100 * seconds / total:5.1f}%")
+        say(f"{'total':44s} {total:6.2f} s CPU")
         return 0
-    walls, reported, cpus, emitted, summary = [], [], [], True, ""
+    runs: dict[str, list[tuple[float, float | None, float]]] = {"cold": [], "warm": []}
+    emitted, summary = True, ""
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
-            wall, said, emitted_now, summary, cpu = compile_once(args.layers, Path(tmp) / f"run{i}")
-            walls.append(wall)
-            cpus.append(cpu)
-            if said is not None:
-                reported.append(said)
-            emitted = emitted and emitted_now
-            say(f"hapc compile gpt-{args.layers}: {wall:.1f} s wall, {cpu:.1f} s CPU"
-                + (f" ({said:.1f} s reported)" if said is not None else ""))
+            cache = Path(tmp) / f"cache{i}"              # fresh: the first compile is cold
+            for kind in ("cold", "warm"):
+                wall, said, emitted_now, summary, cpu = compile_once(args.layers, Path(tmp) / f"{kind}{i}", cache)
+                runs[kind].append((wall, said, cpu))
+                emitted = emitted and emitted_now
+                say(f"hapc compile gpt-{args.layers} ({kind}): {wall:.1f} s wall, {cpu:.1f} s CPU"
+                    + (f" ({said:.1f} s reported)" if said is not None else ""))
+            same = all((Path(tmp) / f"cold{i}" / f).read_bytes() == (Path(tmp) / f"warm{i}" / f).read_bytes()
+                       for f in ("plan.json", "program.py"))
+            if not same:
+                raise RuntimeError("the warm compile wrote another plan.json or program.py than the cold one")
+
+    def median(kind: str, field: int) -> float | None:
+        xs = [r[field] for r in runs[kind] if r[field] is not None]
+        return statistics.median(xs) if xs else None
+
     save_section("compile", {
         "model": f"gpt-{args.layers}", "settings": SETTINGS, "cluster": HAP8.stem, "repeats": args.repeats,
-        "wall_seconds": statistics.median(walls), "wall_runs": walls, "cpu_seconds": statistics.median(cpus),
-        "reported_seconds": statistics.median(reported) if reported else None,
+        "wall_seconds": median("cold", 0), "wall_runs": [r[0] for r in runs["cold"]],
+        "cpu_seconds": median("cold", 2), "reported_seconds": median("cold", 1),
+        "warm_wall_seconds": median("warm", 0), "warm_wall_runs": [r[0] for r in runs["warm"]],
+        "warm_cpu_seconds": median("warm", 2), "warm_reported_seconds": median("warm", 1),
         "emitted_program": emitted, "target_seconds": 5.0, "summary_first_line": summary,
     })
     return 0

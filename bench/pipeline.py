@@ -14,6 +14,7 @@ emitted programs on 4 gloo ranks: ``scripts/pipeline_step.sh`` (quiet 2-core mac
 for the pipeline to save, so this is its overhead). It is filled in under ``"measured"`` when given.
 
     python -m bench.pipeline
+    python -m bench.pipeline --overhead [--repeats N]   # only what stages="auto" adds on 8 devices
 """
 
 from __future__ import annotations
@@ -76,7 +77,54 @@ def planner_time_64() -> dict[str, Any]:
             "exact": search.get("exact")}
 
 
+OVERHEAD_MODELS = (("gpt-48", "gpt", GPT48), ("vit-24", "vit", {"layers": 24}), ("bert-24", "bert", {"layers": 24}))
+
+
+def stage_overhead(repeats: int = 3) -> list[dict[str, Any]]:
+    """What ``stages="auto"`` adds to a one-stage ``synthesize()`` on HAP's 8 devices (issue 13:
+    the stage search must fit the synthesis budgets there): both timed alternately, ``repeats``
+    times each, medians of wall and CPU seconds, with the stage search's counts."""
+    import statistics
+
+    from costmodel.cluster import load_cluster
+    from hapc.api import synthesize
+
+    cluster = load_cluster(str(HAP8))
+    rows = []
+    for label, model, kwargs in OVERHEAD_MODELS:
+        traced = trace_model(model, **kwargs)
+        synthesize(traced, None, cluster)                      # warm caches and lazy imports alike
+        times: dict[str, list[tuple[float, float]]] = {"one": [], "auto": []}
+        plan = None
+        for _ in range(repeats):
+            for key, stages in (("one", None), ("auto", "auto")):
+                cpu, wall = time.process_time(), time.perf_counter()
+                result = synthesize(traced, None, cluster, stages=stages)
+                times[key].append((time.perf_counter() - wall, time.process_time() - cpu))
+                plan = result if stages else plan
+        med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in times.items()}
+        search = plan.pipeline.search if plan is not None and plan.pipeline is not None else {}
+        rows.append({"model": label, "cluster": cluster.name, "one_stage_seconds": med["one"][0],
+                     "auto_seconds": med["auto"][0], "one_stage_cpu_seconds": med["one"][1],
+                     "auto_cpu_seconds": med["auto"][1], "added_cpu_seconds": med["auto"][1] - med["one"][1],
+                     "ratio": med["auto"][1] / med["one"][1], "plan_seconds": plan.cost if plan else None,
+                     "stages": len(plan.pipeline.stages) if plan is not None and plan.pipeline is not None else 1,
+                     **{k: search.get(k) for k in ("group_syntheses", "dp_runs", "problems",
+                                                   "problems_proven_in_first_pass", "front_dp_runs",
+                                                   "candidates_priced", "exact")}})
+        r = rows[-1]
+        say(f"{label} on {cluster.name}: one stage {r['one_stage_cpu_seconds']:.2f} s CPU, stages=auto "
+            f"{r['auto_cpu_seconds']:.2f} s CPU (+{r['added_cpu_seconds']:.2f} s, {r['ratio']:.2f}x); "
+            f"{r['group_syntheses']} group syntheses, {r['dp_runs']} DP runs, {r['front_dp_runs']} front DPs")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(argv or [])
+    if "--overhead" in argv:
+        repeats = int(argv[argv.index("--repeats") + 1]) if "--repeats" in argv else 3
+        save_section("pipeline_overhead", {"rows": stage_overhead(repeats)})
+        return 0
     rows = []
     for label, model, kwargs, path in CASES:
         row = case_row(label, model, kwargs, path)
@@ -112,6 +160,16 @@ def render_section(res: dict[str, Any]) -> list[str]:
         counts = f", {p['dp_runs']} DP runs, {p['front_dp_runs']} front DPs" if "dp_runs" in p else ""
         out += ["", f"Stage planner alone, {p['model']} on {p['cluster']}: {p['planner_seconds']:.1f} s wall{cpu} "
                 f"({p['group_syntheses']} group syntheses{counts}; target 10 s)."]
+    overhead = res.get("pipeline_overhead")
+    if overhead:
+        out += ["", "What `stages=\"auto\"` adds to a one-stage synthesize() on 8 devices (`python -m bench.pipeline "
+                "--overhead`; CPU seconds, medians):", "",
+                "| model | one stage | stages=auto | added | group syntheses | DP runs | front DPs | exact |",
+                "|---|---|---|---|---|---|---|---|"]
+        for r in overhead["rows"]:
+            out.append(f"| {r['model']} | {r['one_stage_cpu_seconds']:.2f} | {r['auto_cpu_seconds']:.2f} "
+                       f"| {r['added_cpu_seconds']:.2f} | {r['group_syntheses']} | {r['dp_runs']} | {r['front_dp_runs']} "
+                       f"| {'yes' if r['exact'] else 'no'} |")
     measured = data.get("measured")
     out += ["", f"Measured CPU step, pipelined vs 1-D plan: {measured}" if measured else
             "Measured CPU step of a pipelined plan: run scripts/pipeline_step.sh (not part of this section's run)."]

@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     from costmodel.cluster import load_cluster
     from costmodel.cluster_edit import without_devices
 
-    model = [str(model_path("gpt")), "--set", f"layers={args.layers}", "-q"]
+    # Cold compiles, as a first compile is (no trace cache; see bench.compile_time for a warm one).
+    model = [str(model_path("gpt")), "--set", f"layers={args.layers}", "-q", "--no-trace-cache"]
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         old_wall, old_cpu, _ = _hapc(["compile", *model[:1], "--cluster", str(HAP8), "-o", str(tmp / "old"),

@@ -15,6 +15,7 @@ so far took 20 s) in one warm process (imports and a first tiny synthesis done b
 no run pays for loading scipy).
 
     python -m bench.synthesis [--repeats 3] [--quick]
+    python -m bench.synthesis --models moe-12,vit-24     # chosen rows, printed, not saved
 """
 
 from __future__ import annotations
@@ -125,11 +126,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.synthesis", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs per timing; the median is kept")
     parser.add_argument("--quick", action="store_true", help="GPT 2/12 and ViT-12 only, one run each")
+    parser.add_argument("--models", help="only these depth rows, e.g. moe-12,vit-24 (printed as JSON, "
+                                         "results.json left alone)")
     args = parser.parse_args(argv)
     cluster = load_cluster(str(HAP8))
     load_before = os.getloadavg()[0]
     seconds, _ = timed(lambda: warm_up(cluster))
     say(f"warm-up {seconds:.1f} s on {cluster.name}")
+    if args.models:
+        import json
+
+        chosen = [(name, int(layers) if layers else None)
+                  for name, _, layers in (m.strip().partition("-") for m in args.models.split(","))]
+        for row in depth_rows(cluster, args.repeats, depths=(), architectures=tuple(chosen)):
+            print(json.dumps(row, sort_keys=True))
+        return 0
     if args.quick:
         depth = depth_rows(cluster, 1, depths=(2, 12), architectures=(("vit", 12),))
         devices = []

@@ -36,8 +36,10 @@ last backward.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -100,6 +102,43 @@ class ProgramProfile:
         return f, b
 
 
+@dataclass(frozen=True)
+class GraphFacts:
+    """What every group's pricer asks of the graph, found once per graph: node positions, the
+    values that shrink with the micro-batch, the nodes whose outputs do, and which nodes read
+    each parameter, buffer and input."""
+
+    index: dict[str, int]
+    nodes: dict[str, Any]
+    batch: set[str]
+    scaled: list[bool]
+    uses: dict[str, list[int]]
+
+
+_FACTS: dict[int, tuple[weakref.ref, GraphFacts]] = {}
+
+
+def graph_facts(graph: Graph) -> GraphFacts:
+    """:class:`GraphFacts` of ``graph``, cached while the graph lives (a stage planner prices
+    one graph on many groups)."""
+    hit = _FACTS.get(id(graph))
+    if hit is not None and hit[0]() is graph:
+        return hit[1]
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    batch = batch_dependent_values(graph)
+    uses: dict[str, list[int]] = {}
+    for i, node in enumerate(graph.nodes):
+        for ref in node.input_refs():
+            if graph.values[ref].kind in ("param", "buffer", "input"):
+                uses.setdefault(ref, []).append(i)
+    facts = GraphFacts(index, {node.name: node for node in graph.nodes}, batch,
+                       [any(o in batch for o in node.outputs) for node in graph.nodes], uses)
+    for key in [k for k, (ref, _) in _FACTS.items() if ref() is None]:
+        del _FACTS[key]
+    _FACTS[id(graph)] = (weakref.ref(graph), facts)
+    return facts
+
+
 def profile_program(program: DistProgram, cluster: Cluster, microbatches: int = 1,
                     optimizer: str | int = "adamw") -> ProgramProfile:
     """Price every node of ``program`` on ``cluster`` (its group) for ``microbatches``."""
@@ -120,14 +159,15 @@ class ProgramPricer:
         graph = program.graph
         n, world = len(graph.nodes), cluster.world
         self.n, self.world = n, world
-        index = {node.name: i for i, node in enumerate(graph.nodes)}
-        nodes = {node.name: node for node in graph.nodes}
-        self.batch = batch = batch_dependent_values(graph)
-        # Per node and rank: whole-batch fwd/bwd seconds, launches inside them, batch-scaled or not.
-        self.fwd = np.zeros((n, world))
-        self.bwd = np.zeros((n, world))
-        self.fwd_launch = np.zeros((n, world))
-        self.bwd_launch = np.zeros((n, world))
+        facts = graph_facts(graph)
+        index, nodes, uses = facts.index, facts.nodes, facts.uses
+        self.batch = batch = facts.batch
+        # Per node and rank: whole-batch fwd/bwd seconds, launches inside them, batch-scaled or
+        # not; gathered as Python rows per node (many small numpy updates cost more than the math).
+        fwd_rows: dict[int, list[float]] = {}
+        bwd_rows: dict[int, list[float]] = {}
+        fwd_launches: dict[int, list[float]] = {}
+        bwd_launches: dict[int, list[float]] = {}
         self.scaled = np.zeros(n, dtype=bool)
         # Collectives: (node index, phase, kind, pieces, matrix, scales with the batch)
         self.moves: list[tuple[int, str, str, tuple[float, ...], tuple | None, bool]] = []
@@ -152,12 +192,12 @@ class ProgramPricer:
             for r_step in pending:
                 add_move(i, r_step)
             pending = []
-            self.scaled[i] = any(o in batch for o in node.outputs)
+            self.scaled[i] = facts.scaled[i]
             seen: dict[tuple, tuple[float, float]] = {}      # equal devices with equal pieces price alike
             fracs = _fractions(program, step, node.outputs)
             if one_kind and fracs.count(fracs[0]) == world:       # the common case: one price for all
                 t: ComputeTime = node_seconds(node, graph, cluster.devices[0], cluster, fracs[0])
-                row = np.tile([t.fwd_seconds, t.bwd_seconds], (world, 1))
+                f_row, b_row = [t.fwd_seconds] * world, [t.bwd_seconds] * world
             else:
                 times = []
                 for r, frac in enumerate(fracs):
@@ -166,11 +206,13 @@ class ProgramPricer:
                         t = node_seconds(node, graph, cluster.devices[r], cluster, frac)
                         seen[key] = (t.fwd_seconds, t.bwd_seconds)
                     times.append(seen[key])
-                row = np.array(times).reshape(world, 2)
-            self.fwd[i] += row[:, 0]
-            self.bwd[i] += row[:, 1]
-            self.fwd_launch[i] += np.where(row[:, 0] > 0, launch, 0.0)
-            self.bwd_launch[i] += np.where(row[:, 1] > 0, launch, 0.0)
+                f_row, b_row = [f for f, _ in times], [b for _, b in times]
+            for rows, launches, row in ((fwd_rows, fwd_launches, f_row), (bwd_rows, bwd_launches, b_row)):
+                here = [launch if x > 0 else 0.0 for x in row]
+                if i in rows:            # a node priced by two steps: add up
+                    row = [a + b for a, b in zip(rows[i], row)]
+                    here = [a + b for a, b in zip(launches[i], here)]
+                rows[i], launches[i] = row, here
             if world > 1:
                 fwd_b, bwd_b = internal_all_reduces(step.strategy.local, node, graph)
                 self.fixed_comm[i, 0] += sum(best_variant("all_reduce", [b] * world, cluster)[1] for b in fwd_b)
@@ -183,21 +225,29 @@ class ProgramPricer:
         for r_step in pending:
             add_move(n - 1, r_step)
 
+        def per_node(rows: dict[int, list[float]]) -> np.ndarray:
+            out = np.zeros((n, world))
+            if rows:
+                at = np.fromiter(rows, dtype=np.int64, count=len(rows))
+                out[at] = np.array(list(rows.values()), dtype=float).reshape(len(rows), world)
+            return out
+
+        self.fwd, self.bwd = per_node(fwd_rows), per_node(bwd_rows)
+        self.fwd_launch, self.bwd_launch = per_node(fwd_launches), per_node(bwd_launches)
+
         # Activations kept for backward, per whole batch, charged to the node that makes them.
-        self.act = np.zeros((n, world))
-        self.act_fixed = np.zeros((n, world))
+        act_rows: dict[int, list[float]] = {}
+        fixed_rows: dict[int, list[float]] = {}
         for step in program.steps:
             if isinstance(step, Compute):
                 for out, lay in kept_for_backward(program, nodes[step.node], step):
-                    target = self.act if out in batch else self.act_fixed
-                    target[index[step.node]] += np.array(local_bytes(program, out, lay))
+                    rows = act_rows if out in batch else fixed_rows
+                    i = index[step.node]
+                    piece = local_bytes(program, out, lay)
+                    rows[i] = [a + b for a, b in zip(rows[i], piece)] if i in rows else list(piece)
+        self.act, self.act_fixed = per_node(act_rows), per_node(fixed_rows)
 
         # Parameters: who reads them, what they hold, what their gradients and optimizer cost.
-        uses: dict[str, list[int]] = {}
-        for node in graph.nodes:
-            for ref in node.input_refs():
-                if graph.values[ref].kind in ("param", "buffer", "input"):
-                    uses.setdefault(ref, []).append(index[node.name])
         copies = optimizer_copies(optimizer)
         accesses = 3 + 2 * copies
         synced_by_factors = factor_synced_params(program)

@@ -44,10 +44,9 @@ from typing import Any
 
 from costmodel.classes import rank_classes
 from costmodel.cluster import Cluster, load_cluster
-from costmodel.collectives import best_variant, collective_seconds, dual_variant, resolve_variant
-from costmodel.compute import ComputeTime, lower_bound_seconds, node_seconds
-from costmodel.internal import internal_all_reduces
+from costmodel.collectives import dual_variant, resolve_variant
 from costmodel.memory import PARTS, MemoryReport, optimizer_copies, program_memory
+from costmodel.simcache import SimulationCache
 from costmodel.transfers import Move, backward_move, forward_move, local_bytes
 from hapc.errors import UserError
 from hapc.ir.layout import Replicate, Shard
@@ -56,9 +55,12 @@ from hapc.ir.program import Compute, DistProgram, Redistribute
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Event:
-    """One priced step, for explanations: when it ran (slowest rank) and what it was."""
+    """One priced step, for explanations: when it ran (slowest rank) and what it was.
+
+    Not frozen: a simulation makes one per step (thousands), and a frozen dataclass's
+    ``__init__`` costs four times a plain one's."""
 
     phase: str             # "fwd", "bwd", "grad_sync" or "optimizer"
     label: str             # node name, or "value: S(0) -> R"
@@ -70,7 +72,11 @@ class Event:
 
 @dataclass
 class SimResult:
-    """Predicted time per iteration of a program on a cluster, and where each device spends it."""
+    """Predicted time per iteration of a program on a cluster, and where each device spends it.
+
+    ``memory`` is worked out on first use: the synthesizer simulates many programs that lose
+    on time alone (a slower program never beats one that fits, whatever its own memory), and
+    the memory model is a quarter of a simulation. The report is the same either way."""
 
     cluster: Cluster
     shares: tuple[float, ...]
@@ -83,8 +89,23 @@ class SimResult:
     grad_sync_seconds: float            # total duration of the gradient all-reduces
     exposed_grad_sync_seconds: float    # the part after the last backward compute
     lower_bound_seconds: float
-    memory: MemoryReport
     events: list[Event] = field(default_factory=list, repr=False)
+    # The report once made, or what makes it: (program, optimizer, rank classes).
+    _memory: MemoryReport | None = field(default=None, repr=False, compare=False)
+    _memory_inputs: tuple | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def memory(self) -> MemoryReport:
+        if self._memory is None:
+            program, optimizer, classes = self._memory_inputs
+            self._memory = program_memory(program, self.cluster, optimizer, classes)
+            self._memory_inputs = None
+        return self._memory
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with its memory report made (so a copy needs no program)."""
+        self.memory  # noqa: B018 - made on first use
+        return dict(self.__dict__)
 
     @property
     def peak_memory_bytes(self) -> list[float]:
@@ -170,11 +191,12 @@ class _Clock:
         self.events: list[Event] = []
 
     def work(self, seconds: list[float], phase: str, label: str, kind: str) -> None:
-        start = max(self.t)
+        t, compute = self.t, self.compute
+        start = max(t)
         for r, s in enumerate(seconds):
-            self.t[r] += s
-            self.compute[r] += s
-        self.events.append(Event(phase, label, kind, "", start, max(self.t)))
+            t[r] += s
+            compute[r] += s
+        self.events.append(Event(phase, label, kind, "", start, max(t)))
 
     def collective(self, seconds: float, phase: str, label: str, kind: str, variant: str) -> None:
         """A blocking collective: wait for every rank (idle) and the channel (comm), then run."""
@@ -189,54 +211,61 @@ class _Clock:
 
 
 def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *,
-             optimizer: str | int = "adamw", bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> SimResult:
+             optimizer: str | int = "adamw", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+             cache: SimulationCache | None = None) -> SimResult:
     """Time per iteration, per-device compute/communication/idle, memory and the lower bound.
 
     ``cluster`` may be a :class:`Cluster`, a cluster file path or a dict in the file's form.
     A program built for another number of devices is the user's mistake (``hapc simulate
-    PLAN.json --cluster OTHER.yaml``): a one-line :class:`UserError`.
+    PLAN.json --cluster OTHER.yaml``): a one-line :class:`UserError`. ``cache`` carries prices
+    from one simulation of the graph on the cluster to the next (:mod:`costmodel.simcache`;
+    the same numbers without it, only slower); one for another pair is ignored.
     """
     cluster = load_cluster(cluster)
     if program.world != cluster.world:
         raise UserError(f"the plan runs on {program.world} devices but the cluster "
                         f"{cluster.name or cluster.source or ''} has {cluster.world}; plan for this cluster again")
     graph = program.graph
-    nodes = {n.name: n for n in graph.nodes}
+    if cache is None or not cache.serves(graph, cluster):
+        cache = SimulationCache(graph, cluster)
+    nodes = cache.nodes
     world = program.world
     # One timeline per class of ranks the model cannot tell apart (costmodel.classes), copied
     # to every member at the end: the same floats as one timeline per rank.
     classes = rank_classes(program, cluster)
     reps = classes.representatives
     clock = _Clock(classes.count)
-    cache: dict[tuple, ComputeTime] = {}
     backward_times: dict[int, list[float]] = {}
 
     # Ranks with equal capabilities (and measured op table, which goes by type) compute alike:
     # one key per class, made once.
-    device_keys = [(d.type, tuple(d.peak_flops.values()), d.hbm_bandwidth_Bps)
-                   for d in classes.pick(cluster.devices)]
+    device_keys = [cache.device_key(r) for r in reps]
+    lanes = list(zip(reps, device_keys))
+    by_fractions: dict[tuple, tuple[list[float], list[float]]] = {}   # (node key, fractions) -> times
+    fractions = _ClassFractions(program, reps)
 
-    def times(step: Compute) -> list[ComputeTime]:
-        node = nodes[step.node]
-        out = []
-        for c, frac in enumerate(_fractions(program, step, node.outputs, reps)):
-            key = (step.node, frac, device_keys[c])
-            hit = cache.get(key)
-            if hit is None:
-                hit = cache[key] = node_seconds(node, graph, cluster.devices[reps[c]], cluster, frac)
-            out.append(hit)
-        return out
+    def times(step: Compute, node) -> tuple[list[float], list[float]]:
+        """Forward and backward seconds of the step on each class."""
+        fracs = fractions.of(step, node.outputs)
+        node_key = cache.node_key(node)
+        key = (node_key, fracs)
+        hit = by_fractions.get(key)
+        if hit is None:
+            ts = [cache.node_time(node, node_key, r, dk, f) for (r, dk), f in zip(lanes, fracs)]
+            hit = by_fractions[key] = ([t.fwd_seconds for t in ts], [t.bwd_seconds for t in ts])
+        return hit
 
     # 1. forward
     chosen: dict[int, str] = {}            # the variant each collective ran, for its dual
     for i, step in enumerate(program.steps):
         if isinstance(step, Compute):
-            ts = times(step)
-            backward_times[i] = [t.bwd_seconds for t in ts]
-            clock.work([t.fwd_seconds for t in ts], "fwd", step.node, nodes[step.node].op)
-            _run_internal(clock, cluster, step, nodes[step.node], graph, "fwd")
+            node = nodes[step.node]
+            fwd, backward_times[i] = times(step, node)
+            clock.work(fwd, "fwd", step.node, node.op)
+            if step.strategy.local is not None:
+                _run_internal(clock, cache, step, node, "fwd")
         else:
-            chosen[i] = _run_move(clock, cluster, forward_move(program, step), step, "fwd", step.method, reps)
+            chosen[i] = _run_move(clock, cache, forward_move(program, step), step, "fwd", step.method, reps)
     forward_end = max(clock.t)
 
     # 2-3. backward, with gradient all-reduces of Replicate parameters as they complete
@@ -249,7 +278,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
         nonlocal bucket, bucket_size, sync_total
         if not bucket:
             return
-        variant, seconds = best_variant("all_reduce", [bucket_size] * world, cluster)
+        variant, seconds = cache.best("all_reduce", [bucket_size] * world)
         start = max(max(clock.t), clock.channel_free)
         clock.channel_free = start + seconds
         # What compute cannot hide takes the ranks' own time (gloo on the cores that compute).
@@ -265,15 +294,17 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
     for i in range(len(program.steps) - 1, -1, -1):
         step = program.steps[i]
         if isinstance(step, Compute):
-            clock.work(backward_times[i], "bwd", step.node, nodes[step.node].op)
-            _run_internal(clock, cluster, step, nodes[step.node], graph, "bwd")
+            node = nodes[step.node]
+            clock.work(backward_times[i], "bwd", step.node, node.op)
+            if step.strategy.local is not None:
+                _run_internal(clock, cache, step, node, "bwd")
             if step.strategy.local == SFB_LOCAL and world > 1:
-                _factor_gather(clock, cluster, program, step, nodes[step.node])
+                _factor_gather(clock, cache, program, step, node)
         else:
-            _run_move(clock, cluster, backward_move(program, step), step, "bwd", chosen.get(i, step.method), reps)
+            _run_move(clock, cache, backward_move(program, step), step, "bwd", chosen.get(i, step.method), reps)
         for param in ready_at.get(i, []):
             bucket.append(param)
-            bucket_size += local_bytes(program, param, Replicate())[0]
+            bucket_size += cache.whole_bytes(param)
             if bucket_size >= bucket_bytes:
                 flush()
     flush()
@@ -291,7 +322,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
     exposed = max(0.0, end - backward_end) if sync_events else 0.0
 
     # 4. optimizer step
-    clock.work(_optimizer_seconds(program, cluster, optimizer, reps), "optimizer", "optimizer step", "elementwise")
+    clock.work(_optimizer_seconds(program, cluster, optimizer, reps, cache), "optimizer", "optimizer step", "elementwise")
 
     iteration = max(clock.t)
     for r in range(classes.count):
@@ -302,8 +333,11 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
         idle_seconds=classes.expand(clock.idle),
         forward_seconds=forward_end, backward_seconds=backward_end - forward_end,
         grad_sync_seconds=sync_total, exposed_grad_sync_seconds=exposed,
-        lower_bound_seconds=lower_bound_seconds(graph, cluster),
-        memory=program_memory(program, cluster, optimizer, classes), events=clock.events)
+        lower_bound_seconds=cache.lower_bound_seconds(), events=clock.events,
+        # A copy of the program's lists: the memory model reads it later, maybe after the
+        # caller has appended to the original.
+        _memory_inputs=(DistProgram(graph, program.shares, dict(program.source_layouts), list(program.steps),
+                                    _blocks=program.blocks()), optimizer, classes))
 
 
 def _fractions(program: DistProgram, step: Compute, outputs: tuple[str, ...],
@@ -323,7 +357,37 @@ def _fractions(program: DistProgram, step: Compute, outputs: tuple[str, ...],
     return [1.0] * len(ranks)
 
 
-def _run_move(clock: _Clock, cluster: Cluster, move: Move | None, step: Redistribute, phase: str,
+class _ClassFractions:
+    """:func:`_fractions` for the representatives of the rank classes, remembered by what it
+    depends on (the sharded dimension's length and block count), so the steps of repeated
+    layers share one tuple."""
+
+    def __init__(self, program: DistProgram, reps: Sequence[int]) -> None:
+        self.program, self.reps = program, reps
+        self.blocks = program.blocks()
+        self.meta = program.graph.meta
+        self.whole = (1.0,) * len(reps)
+        self.known: dict[tuple[int, int], tuple[float, ...]] = {}
+
+    def of(self, step: Compute, outputs: tuple[str, ...]) -> tuple[float, ...]:
+        strategy = step.strategy
+        for names, layouts in ((step.inputs, strategy.inputs), (outputs, strategy.outputs)):
+            for name, layout in zip(names, layouts):
+                if isinstance(layout, Shard):
+                    shape = self.meta(name.split("@", 1)[0]).shape
+                    d = layout.dim + len(shape) if layout.dim < 0 else layout.dim
+                    length = shape[d]
+                    if length > 0:
+                        key = (length, self.blocks.get((name, d), length))
+                        hit = self.known.get(key)
+                        if hit is None:
+                            lengths = self.program.lengths(name, d)
+                            hit = self.known[key] = tuple(lengths[r] / length for r in self.reps)
+                        return hit
+        return self.whole
+
+
+def _run_move(clock: _Clock, cache: SimulationCache, move: Move | None, step: Redistribute, phase: str,
               method: str, reps: Sequence[int]) -> str:
     """Price one move; returns the variant it ran ("auto" for none).
 
@@ -334,6 +398,7 @@ def _run_move(clock: _Clock, cluster: Cluster, move: Move | None, step: Redistri
     if move is None:
         return "auto"
     label = f"{step.src}: {step.src_layout!r} -> {step.dst_layout!r}"
+    cluster = cache.cluster
     if move.kind == "local":
         hbm = cluster.efficiency["hbm"]
         clock.work([move.piece_bytes[r] / (cluster.devices[r].hbm_bandwidth_Bps * hbm) for r in reps],
@@ -343,21 +408,22 @@ def _run_move(clock: _Clock, cluster: Cluster, move: Move | None, step: Redistri
     if phase == "bwd":
         method = dual_variant(move.kind, method)
     if method == "auto":
-        variant, seconds = best_variant(move.kind, move.piece_bytes, cluster, send_matrix=matrix)
+        variant, seconds = cache.best(move.kind, move.piece_bytes, matrix)
     else:
         variant = resolve_variant(move.kind, method)
-        seconds = collective_seconds(move.kind, move.piece_bytes, cluster, None, variant, send_matrix=matrix)
+        seconds = cache.seconds(move.kind, move.piece_bytes, variant, matrix)
     clock.collective(seconds, phase, label, move.kind, variant)
     return variant
 
 
-def _run_internal(clock: _Clock, cluster: Cluster, step: Compute, node, graph, phase: str) -> None:
+def _run_internal(clock: _Clock, cache: SimulationCache, step: Compute, node, phase: str) -> None:
     """The all-reduces a local op runs inside itself (:mod:`costmodel.internal`)."""
-    if cluster.world <= 1:
+    world = cache.cluster.world
+    if world <= 1 or step.strategy.local is None:
         return
-    fwd, bwd = internal_all_reduces(step.strategy.local, node, graph)
+    fwd, bwd = cache.internal(step.strategy.local, node)
     for nbytes in fwd if phase == "fwd" else bwd:
-        variant, seconds = best_variant("all_reduce", [nbytes] * cluster.world, cluster)
+        variant, seconds = cache.best("all_reduce", [nbytes] * world)
         clock.collective(seconds, phase, f"{step.node}: inside {step.strategy.local}", "all_reduce", variant)
 
 
@@ -368,20 +434,31 @@ def _gradient_ready_steps(program: DistProgram) -> dict[int, list[str]]:
     gradient is complete right after it. Unused parameters get no all-reduce.
     """
     graph = program.graph
-    wanted = {p for p in graph.params if graph.values[p].requires_grad
-              and isinstance(program.source_layouts.get(p, Replicate()), Replicate)}
-    wanted -= factor_synced_params(program)
     if program.world <= 1:
         return {}
+    wanted = {p for p in graph.params if graph.values[p].requires_grad
+              and isinstance(program.source_layouts.get(p, Replicate()), Replicate)}
+    # One pass over the steps finds both every first use and the parameters only
+    # sufficient-factor steps read (factor_synced_params), which are then left out.
+    params = set(graph.params)
     first: dict[str, int] = {}
+    by_factors: set[str] = set()
+    by_others: set[str] = set()
     for i, step in enumerate(program.steps):
-        reads = step.inputs if isinstance(step, Compute) else (step.src,)
+        if isinstance(step, Compute):
+            reads = step.inputs
+            seen = by_factors if step.strategy.local == SFB_LOCAL else by_others
+        else:
+            reads, seen = (step.src,), by_others
         for name in reads:
-            if name in wanted and name not in first:
-                first[name] = i
+            if name in params:
+                seen.add(name)
+                if name in wanted and name not in first:
+                    first[name] = i
+    synced_by_factors = by_factors - by_others
     out: dict[int, list[str]] = {}
     for p in graph.params:          # parameter order, for a deterministic bucket order
-        if p in first:
+        if p in first and p not in synced_by_factors:
             out.setdefault(first[p], []).append(p)
     return out
 
@@ -402,17 +479,17 @@ def factor_synced_params(program: DistProgram) -> set[str]:
     return sfb - other
 
 
-def _factor_gather(clock: _Clock, cluster: Cluster, program: DistProgram, step: Compute, node) -> None:
+def _factor_gather(clock: _Clock, cache: SimulationCache, program: DistProgram, step: Compute, node) -> None:
     """The backward of a sufficient-factor step: gather the input and output-gradient pieces."""
     pieces_x = local_bytes(program, step.inputs[0], step.strategy.inputs[0])
     pieces_y = local_bytes(program, node.outputs[0], step.strategy.outputs[0])
     for pieces in (pieces_x, pieces_y):
-        variant, seconds = best_variant("all_gather", pieces, cluster)
+        variant, seconds = cache.best("all_gather", pieces)
         clock.collective(seconds, "bwd", f"{step.node}: sufficient factors", "all_gather", variant)
 
 
 def _optimizer_seconds(program: DistProgram, cluster: Cluster, optimizer: str | int,
-                       reps: Sequence[int]) -> list[float]:
+                       reps: Sequence[int], cache: SimulationCache | None = None) -> list[float]:
     """Memory-bound update of each rank's local trainable parameters.
 
     Per element it reads the parameter, its gradient and each state copy, and writes the
@@ -423,7 +500,13 @@ def _optimizer_seconds(program: DistProgram, cluster: Cluster, optimizer: str | 
     local = [0.0] * len(reps)
     for p in graph.params:
         if graph.values[p].requires_grad:
-            pieces = local_bytes(program, p, program.source_layouts.get(p, Replicate()))
+            layout = program.source_layouts.get(p, Replicate())
+            if cache is not None and not isinstance(layout, Shard):     # whole on every rank
+                whole = cache.whole_bytes(p)
+                for c in range(len(reps)):
+                    local[c] += whole
+                continue
+            pieces = local_bytes(program, p, layout)
             for c, r in enumerate(reps):
                 local[c] += pieces[r]
     out = []

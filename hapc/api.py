@@ -10,19 +10,30 @@ model can be planned on a laptop.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-import torch
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from costmodel.cluster import Cluster, load_cluster
 from hapc.errors import UserError
 from hapc.ir.precision import Precision, autocast_graph, check_precision
 from hapc.plan import Plan
-from hapc.tracer import Traced, trace
+from hapc.tracecache import CachedTrace
+
+if TYPE_CHECKING:
+    import torch
+
+    from hapc.tracer import Traced
 
 
-def _traced(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] | None) -> Traced:
+def _traced(model: torch.nn.Module | Traced | CachedTrace, inputs: Sequence[torch.Tensor] | None) -> Traced:
+    # Imported here: a graph from the trace cache plans without torch (see hapc.tracecache).
+    if isinstance(model, CachedTrace):
+        return model
+    from hapc.tracer import Traced, trace
+
     if isinstance(model, Traced):
         return model
     if inputs is None:
@@ -36,13 +47,13 @@ def _on_meta(model: torch.nn.Module) -> bool:
     return any(p.is_meta for p in model.parameters())
 
 
-def synthesize(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] | None,
+def synthesize(model: torch.nn.Module | Traced | str | os.PathLike, inputs: Sequence[torch.Tensor] | None,
                cluster: str | Mapping[str, Any] | Cluster, *, time_budget: float | None = None,
                optimizer: str = "adamw", backend: str = "highs", model_file: str | None = None,
                model_kwargs: Mapping[str, Any] | None = None,
                progress: Callable[[str], None] | None = None, precision: str = "fp32",
                stages: int | str | None = None, microbatches: int | None = None,
-               schedule: str | None = None) -> Plan:
+               schedule: str | None = None, trace_cache: bool = True) -> Plan:
     """Search for the fastest SPMD program of ``model(*inputs)`` (a scalar loss) on ``cluster``.
 
     ``time_budget`` (seconds) bounds the search; the plan then says how far from proven
@@ -53,15 +64,26 @@ def synthesize(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] |
     SPMD program; see :mod:`synth.stages`) and keeps one when it is predicted faster; an
     integer forces that many stages, ``microbatches``/``schedule`` ("1f1b", "gpipe") force
     those; ``plan.emit`` writes one program for every rank (:mod:`hapc.codegen.pipeline_emit`).
+
+    ``model`` may also be the path of a model file (``model()``/``inputs()``, design.md
+    section 3; ``model_kwargs`` its overrides): it is traced as ``hapc compile`` traces it,
+    through the trace cache unless ``trace_cache=False`` (:mod:`hapc.tracecache`; a live
+    ``nn.Module`` is never cached: what decides its graph is not all in files).
     """
     from synth.synthesize import synthesize_program
 
     numerics = _precision(precision)
+    entry = cache = None
+    if isinstance(model, (str, os.PathLike)):
+        model_file = model_file or str(Path(model).resolve())
+        model, entry, cache = _traced_file(model, model_kwargs or {}, trace_cache, progress)
     traced = _traced(model, inputs)
     cl = load_cluster(cluster)
     if stages is not None:
         _check_stage_options(traced, stages, microbatches, schedule)      # before any search
     graph = autocast_graph(traced.graph, numerics.name)
+    if isinstance(traced, CachedTrace):
+        traced.install_strategies(graph, numerics.name)    # the search then needs no sharding rules
     result = synthesize_program(graph, cl, time_budget=time_budget, optimizer=optimizer,
                                 backend=backend, progress=progress)
     best = result.best
@@ -77,8 +99,31 @@ def synthesize(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] |
                              best.seconds)
         if pipeline is not None and stages == "auto" and pipeline.iteration_seconds >= best.seconds:
             pipeline = None        # one stage over all devices is still the fastest
+    if entry is not None and pipeline is None and not getattr(traced, "strategies_installed", False):
+        cache.store_strategies(entry, numerics.name, graph)       # the next hit searches without the rules
     return Plan(best.program, cl, best.sim, "hapc" if pipeline is not None else best.name, baselines, search,
                 _model_info(model_file, model_kwargs, optimizer), _assumed(numerics, cl), pipeline)
+
+
+def _traced_file(path: str | os.PathLike, kwargs: Mapping[str, Any], use_cache: bool,
+                 progress: Callable[[str], None] | None) -> tuple[Any, Path | None, Any]:
+    """A model file's trace (meta device first, as ``hapc compile``), from or into the trace
+    cache; returns it with its cache entry and the cache (None, None when not cached)."""
+    from hapc.tracecache import TraceCache, trace_model_file
+
+    def note(msg: str) -> None:
+        (progress or (lambda m: print(f"hapc: note: {m}", file=sys.stderr)))(msg)
+
+    def trace() -> Traced:
+        from hapc.cli import _trace_model_file
+        from hapc.modelfile import load_model_file
+        from hapc.tracer import trace as trace_model
+
+        return _trace_model_file(load_model_file(str(path), dict(kwargs)), trace_model)
+
+    cache = TraceCache(note=note) if use_cache else None
+    traced, entry = trace_model_file(path, dict(kwargs), trace, cache=cache)
+    return traced, entry, cache
 
 
 def _check_stage_options(traced: Traced, stages: int | str, microbatches: int | None,

@@ -41,9 +41,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
     from costmodel.cluster import load_cluster
     from hapc.api import synthesize
-    from hapc.modelfile import load_model_file, parse_overrides
+    from hapc.modelfile import parse_overrides
     from hapc.report import write_report
-    from hapc.tracer import trace
 
     say = _progress(args)
     started = time.perf_counter()
@@ -51,21 +50,22 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)          # bad cluster files fail before any work
     stages = _stages_arg(args.stages)
     overrides = parse_overrides(args.set)
-    mf = load_model_file(args.model, overrides)
-    with _transient(f"tracing {args.model}", quiet=getattr(args, "quiet", False)):
-        traced = _trace_model_file(mf, trace)
+    traced, cached = _traced_model(args, overrides, say)
     if traced.graph.unsupported:
         ops = ", ".join(f"{op} ({where[0]})" for op, where in sorted(traced.graph.unsupported.items()))
         print(f"hapc: warning: no sharding rule, these run replicated: {ops}", file=sys.stderr)
-    say(f"{len(traced.graph.nodes)} nodes traced in {traced.seconds:.1f} s; searching")
+    how = "from the trace cache" if getattr(traced, "from_cache", False) else "traced"
+    say(f"{len(traced.graph.nodes)} nodes {how} in {traced.seconds:.1f} s; searching")
     plan = synthesize(traced, None, cluster, time_budget=args.time_budget, optimizer=args.optimizer,
                       model_file=str(Path(args.model).resolve()), model_kwargs=overrides, progress=say,
                       precision=args.precision, stages=stages, microbatches=args.microbatches,
-                      schedule=args.schedule)
+                      schedule=args.schedule, backend=_lp_backend())
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     plan.save(out / "plan.json")
     _write_replan_cache(plan, out)
+    if cached is not None:
+        cached(plan, out)
     write_report(plan, out)
     emitted = ""
     if not args.no_emit:
@@ -83,6 +83,46 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         print("run it: " + lines[0] if len(lines) == 1 else "run it, one line per node (NODE0_ADDRESS: node 0's "
               "address; every node may also be this host):\n  " + "\n  ".join(lines))
     return 0
+
+
+def _lp_backend() -> str:
+    """The share LP on HiGHS through ``highspy`` when it is installed: the same shares as through
+    scipy (synth.ratios polishes and rounds every backend's answer alike) without importing
+    scipy.optimize, which costs more than the rest of a cached compile's start-up (0.65-0.88 s
+    CPU against 0.02-0.03 s for highspy, loaded 2-core machine)."""
+    from synth import lp_highspy
+
+    return "highspy" if lp_highspy.available() else "highs"
+
+
+def _traced_model(args: argparse.Namespace, overrides: dict, say):
+    """The model's graph: from the trace cache when a sound entry exists (no torch.export, see
+    hapc.tracecache), else traced, and then stored. Also returns what to call once the plan is
+    written (keeping its node strategies with the entry), or None."""
+    from hapc.modelfile import load_model_file
+    from hapc.tracecache import TraceCache, trace_model_file
+
+    def note(msg: str) -> None:
+        print(f"hapc: note: {msg}", file=sys.stderr)
+
+    def trace():
+        mf = load_model_file(args.model, overrides)
+        with _transient(f"tracing {args.model}", quiet=getattr(args, "quiet", False)):
+            from hapc.tracer import trace
+
+            return _trace_model_file(mf, trace)
+
+    cache = None if args.no_trace_cache else TraceCache(note=note)
+    traced, entry = trace_model_file(args.model, overrides, trace, cache=cache)
+    if entry is None:
+        return traced, None
+    precision = args.precision
+
+    def keep_strategies(plan, out: Path) -> None:
+        if plan.pipeline is None and not getattr(traced, "strategies_installed", False):
+            cache.store_strategies(entry, precision, plan.graph)
+
+    return traced, keep_strategies
 
 
 def _write_replan_cache(plan, out: Path) -> None:
@@ -409,6 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="pipeline micro-batches per iteration (default: searched)")
     comp.add_argument("--schedule", default=None, choices=("1f1b", "gpipe"),
                       help="pipeline schedule (default: searched; 1f1b unless GPipe fits and is faster)")
+    comp.add_argument("--no-trace-cache", action="store_true",
+                      help="trace the model even when the trace cache ($HAPC_CACHE_DIR, default "
+                           "~/.cache/hapc/traces) holds a valid trace of it, and do not store this one")
     comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     comp.set_defaults(func=_cmd_compile)
 

@@ -16,11 +16,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from hapc.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -30,6 +31,8 @@ class ModelFile:
     overrides: dict[str, Any] = field(default_factory=dict)
 
     def build_model(self, device: str | None = None) -> torch.nn.Module:
+        import torch        # here, not at the top: a trace-cache hit never builds the model
+
         fn = self._fn("model")
         try:
             if device:
@@ -46,6 +49,8 @@ class ModelFile:
         return m
 
     def build_inputs(self) -> tuple[torch.Tensor, ...]:
+        import torch
+
         fn = self._fn("inputs")
         try:
             x = fn(**self._kwargs(fn))

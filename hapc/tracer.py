@@ -24,6 +24,7 @@ from hapc.blocktrace import trace_repeated
 from hapc.errors import UserError
 from hapc.functionalize import functionalize
 from hapc.quiet import quiet_torch
+from hapc.torchfacts import record as record_torch_facts
 from hapc.ir.graph import Cost, Graph, Node, Ref, SourceLoc, TensorMeta, Value
 
 # Ops that only reinterpret memory: they move no bytes.
@@ -103,6 +104,7 @@ def trace(model: torch.nn.Module, inputs: Sequence[Any], *, has_rule=None, repli
     _mark_requires_grad(graph)
     _annotate_costs(graph)
     graph.unsupported = _unsupported(graph, has_rule)
+    graph.torch_facts = record_torch_facts(graph)     # so that emitting a program needs no torch
     constants = {k: v for k, v in exported_constants.items() if isinstance(v, torch.Tensor)}
     return Traced(graph, model, constants, time.perf_counter() - start)
 

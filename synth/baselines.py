@@ -22,6 +22,7 @@ from hapc.ir.layout import Layout, Replicate, Shard
 from hapc.ir.program import DistProgram
 from synth.builder import greedy_score, propagate
 from synth.costs import Prices
+from synth.loads import with_shares
 from synth.search import search, to_program
 from synth.space import SearchSpace
 
@@ -47,17 +48,18 @@ def _largest_dim(graph: Graph, name: str) -> int | None:
 
 def baseline_program(name: str, graph: Graph, cluster: Cluster) -> DistProgram:
     world = cluster.world
-    if name == "dp-even":
-        return propagate(graph, even_shares(world), _batch_sharded(graph, world), score=_data_parallel_score(graph))
-    if name == "dp-flops":
-        return propagate(graph, cluster.flops_shares(), _batch_sharded(graph, world), score=_data_parallel_score(graph))
+    if name in ("dp-even", "dp-flops"):
+        shares = even_shares(world) if name == "dp-even" else cluster.flops_shares()
+        score, situation = _data_parallel_score(graph)
+        return propagate(graph, shares, _batch_sharded(graph, world), score=score, situation=situation)
     if name == "zero3":
         layouts: dict[str, Layout] = dict(_batch_sharded(graph, world))
         for p in graph.params:
             d = _largest_dim(graph, p)
             if d is not None and graph.values[p].requires_grad and graph.meta(p).shape[d] >= world:
                 layouts[p] = Shard(d)
-        return propagate(graph, even_shares(world), layouts, score=_gather_params_score)
+        return propagate(graph, even_shares(world), layouts, score=_gather_params_score,
+                         situation=_gather_params_situation)
     if name == "megatron-tp":
         shares = even_shares(world)
         space = SearchSpace.build(graph, Prices(graph, cluster, shares), free_layouts=(Replicate(),))
@@ -74,9 +76,7 @@ def baseline_programs(names: Sequence[str], graph: Graph, cluster: Cluster) -> d
         other = {"dp-even": "dp-flops", "dp-flops": "dp-even"}.get(name)
         if other in out:
             shares = even_shares(cluster.world) if name == "dp-even" else tuple(cluster.flops_shares())
-            twin = out[other]
-            out[name] = DistProgram(graph, tuple(float(x) for x in shares), dict(twin.source_layouts),
-                                    list(twin.steps))
+            out[name] = with_shares(out[other], shares)
         else:
             out[name] = baseline_program(name, graph, cluster)
     return out
@@ -96,16 +96,27 @@ def _data_parallel_score(graph: Graph):
     """Data parallelism as DDP runs it: what does not depend on the batch is computed whole on
     every rank. Greedy propagation alone would shard, say, the position ids of a GPT (less work
     per rank) and pay a reduce-scatter where their embedding meets the batch; no hand-written
-    data-parallel program does that, and the baseline must be the one users would write."""
+    data-parallel program does that, and the baseline must be the one users would write.
+
+    Returns the score and its situation for :func:`propagate`: whether the node's results
+    depend on the batch."""
     batch = _batch_dependent(graph)
+
+    def on_batch(node) -> bool:
+        return any(o in batch for o in node.outputs)
 
     def score(node, strategy, builder) -> float:
         base = greedy_score(node, strategy, builder)
-        if any(o in batch for o in node.outputs):
+        if on_batch(node):
             return base
         return base + (0.0 if all(isinstance(o, Replicate) for o in strategy.outputs) else 1.0)
 
-    return score
+    return score, lambda node, builder: on_batch(node)
+
+
+def _gather_params_situation(node, builder) -> tuple[bool, ...]:
+    """What :func:`_gather_params_score` reads besides layouts: which inputs are parameters."""
+    return tuple(builder.graph.values[v].kind == "param" for v in builder.refs(node))
 
 
 def _gather_params_score(node, strategy, builder) -> float:

@@ -133,12 +133,28 @@ def greedy_score(node: Node, s: Strategy, b: ProgramBuilder) -> float:
 
 
 def propagate(graph: Graph, shares: Sequence[float], source_layouts: dict[str, Layout] | None = None,
-              score: Callable[[Node, Strategy, ProgramBuilder], float] | None = None) -> DistProgram:
-    """Greedy layout propagation in graph order (see module docstring)."""
+              score: Callable[[Node, Strategy, ProgramBuilder], float] | None = None,
+              situation: Callable[[Node, ProgramBuilder], object] | None = None) -> DistProgram:
+    """Greedy layout propagation in graph order (see module docstring).
+
+    ``situation(node, builder)``, when given, must name everything ``score`` reads besides
+    the strategy and the layouts each input is already held in (``greedy_score`` reads
+    nothing else: ``lambda node, builder: None``). A node with the same strategies as an
+    earlier one, in the same situation and with its inputs held alike, then takes the same
+    choice without scoring every strategy again: the 24 blocks of a ViT are scored once.
+    """
     builder = ProgramBuilder(graph, shares, source_layouts)
     score = score or greedy_score
+    chosen: dict[tuple, int] = {}
     for node in graph.nodes:
-        options = node_strategies(graph, node)
-        best = min(range(len(options)), key=lambda k: (score(node, options[k], builder), k))
+        options = node_strategies(graph, node)   # one list per cost key, kept for the graph's life
+        key = None if situation is None else \
+            (id(options), tuple(frozenset(builder.layouts_of(v)) for v in builder.refs(node)),
+             situation(node, builder))
+        best = None if key is None else chosen.get(key)
+        if best is None:
+            best = min(range(len(options)), key=lambda k: (score(node, options[k], builder), k))
+            if key is not None:
+                chosen[key] = best
         builder.compute(node, options[best])
     return builder.build()

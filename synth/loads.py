@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from costmodel.cluster import Cluster
-from costmodel.compute import node_seconds
 from costmodel.memory import program_memory
+from costmodel.simcache import SimulationCache
 from costmodel.simulator import SimResult
 from hapc.ir.layout import Shard
 from hapc.ir.program import Compute, DistProgram
@@ -23,21 +23,27 @@ from synth.ratios import ShareProblem
 
 
 def share_problem(program: DistProgram, sim: SimResult, cluster: Cluster,
-                  optimizer: str | int = "adamw") -> ShareProblem:
+                  optimizer: str | int = "adamw", cache: SimulationCache | None = None) -> ShareProblem:
+    """``cache`` (the simulations' :class:`SimulationCache` for this graph and cluster) lends
+    its node times: the repeated layers of a transformer are priced once, not per layer."""
     # Whole-node times depend on the device alone: summed once per kind of device, then
     # spread over the ranks (the same additions, in the same order, as rank by rank).
     kind_of = list(cluster.device_kinds())
     first = {k: r for r, k in reversed(list(enumerate(kind_of)))}
     a_kind = np.zeros(len(first))
     b_kind = np.zeros(len(first))
-    nodes = {n.name: n for n in program.graph.nodes}
+    if cache is None or not cache.serves(program.graph, cluster):
+        cache = SimulationCache(program.graph, cluster)
+    nodes = cache.nodes
+    kinds = [(k, r, cache.device_key(r)) for k, r in first.items()]
     for step in program.steps:
         if not isinstance(step, Compute):
             continue
         node = nodes[step.node]
+        node_key = cache.node_key(node)
         sharded = any(isinstance(x, Shard) for x in step.strategy.inputs + step.strategy.outputs)
-        for k, r in first.items():
-            t = node_seconds(node, program.graph, cluster.devices[r], cluster, 1.0)
+        for k, r, device_key in kinds:
+            t = cache.node_time(node, node_key, r, device_key, 1.0)
             (a_kind if sharded else b_kind)[k] += t.fwd_seconds + t.bwd_seconds
     a = a_kind[kind_of]
     b = b_kind[kind_of] + np.asarray(sim.comm_seconds)
@@ -54,7 +60,7 @@ def _memory_coefficients(program: DistProgram, cluster: Cluster, optimizer: str 
     s1 = np.asarray(program.shares, dtype=float)
     s2 = np.full(world, 1.0 / world) if not np.allclose(s1, 1.0 / world) else _tilted(world)
     m1 = np.asarray(totals_at_shares, dtype=float)
-    m2 = np.asarray(program_memory(_with_shares(program, s2), cluster, optimizer).totals)
+    m2 = np.asarray(program_memory(with_shares(program, s2), cluster, optimizer).totals)
     ds = s1 - s2
     m = np.where(np.abs(ds) > 1e-12, (m1 - m2) / np.where(np.abs(ds) > 1e-12, ds, 1.0), 0.0)
     m = np.maximum(m, 0.0)
@@ -70,6 +76,9 @@ def _tilted(world: int) -> np.ndarray:
     return w / w.sum()
 
 
-def _with_shares(program: DistProgram, shares) -> DistProgram:
+def with_shares(program: DistProgram, shares) -> DistProgram:
+    """The same steps at other shares. Steps never depend on shares (a builder only records
+    them), and neither do the block counts of sharded dimensions, so the copy takes the
+    original's, found once (a union-find over every step: a fifth of a simulation)."""
     return DistProgram(program.graph, tuple(float(x) for x in shares), dict(program.source_layouts),
-                       list(program.steps))
+                       list(program.steps), _blocks=program.blocks())

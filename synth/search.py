@@ -9,8 +9,12 @@ survives), so the frontier stays small.
 nodes of each one's cheapest strategy price. That ignores communication, which is most of
 what separates plans, so each live value also gets a relaxed problem solved exactly: the rest
 of the segment with only that value's layouts tracked (every other input free in any
-layout). The heuristic is the largest of these; each is a lower bound and consistent, so A*
-stays exact and pops states in order of their *excess* over it (see :class:`_ValueBound`).
+layout), and, at each node that reads it, the layouts that node's outputs are born in, whose
+own relaxations continue from there. A partial sum that must be reduced before the residual
+add is thus priced while the attention that makes it is still to come. The heuristic is the
+largest of these; each is a lower bound and consistent, so A* stays exact and pops states in
+order of their *excess* over it (see :class:`_ValueBound`). The bounds are cached per segment
+structure and state, so every later A* run of a repeated segment looks them up.
 
 **Segments.** The graph is cut where few activations are live (see :mod:`synth.space`).
 Each distinct segment is solved once per entry state: A* runs until it has settled every
@@ -27,6 +31,7 @@ the sum of the per-node floors, so the gap is known.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import math
@@ -37,6 +42,7 @@ from dataclasses import dataclass, field
 
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import DistProgram
+from synth.elimination import SegmentEliminator
 from synth.space import FREE, PARAM, NodeSpace, SearchSpace, Segment, layout_order
 
 State = tuple  # layout bitmasks, one per activation live at that point (see Searcher._live)
@@ -80,6 +86,7 @@ class Searcher:
         self.expanded = 0
         self.exact = True
         self._memo: dict[tuple, dict[int, tuple[float, list[Choice]]]] = {}
+        self._survivors: dict[tuple, tuple[State, ...]] = {}     # see _prune_frontier
         self._param_cache: dict[tuple, tuple[float, Layout]] = {}
         # Layouts are small ints in the hot loop (R=0, P=1, S(d)=2+d); sets of them are bitmasks.
         self.layouts: list[Layout] = [Replicate(), Partial()] + [Shard(d) for d in range(16)]
@@ -91,6 +98,12 @@ class Searcher:
             self._sig.append(sigs.setdefault((v.meta, v.requires_grad), len(sigs)))
         self._move_cache: dict[tuple[int, int, int], float] = {}
         self._conv_cache: dict[tuple[int, int, int], tuple[float, int]] = {}
+        # Per (value signature, wanted layout): held mask -> seconds to get it (the hot loop's
+        # view of _conv_cache, one dict lookup per input instead of a tuple key and a call).
+        self._conv_seconds: dict[tuple[int, int], dict[int, float]] = {}
+        # Per (node, value, allowed strategies of a segment's last node or None): the relaxation
+        # rows of _ValueBound._solve, see _relaxation_rows.
+        self._relax_rows: dict[tuple, list[tuple[float, tuple[tuple[int, int], ...]]]] = {}
         self._codes_cache: dict[int, list[int]] = {}
         self._alt_cache: dict[tuple[int, int], list[tuple[int, float]]] = {}
         self._templates: dict[tuple, list[tuple]] = {}
@@ -98,14 +111,17 @@ class Searcher:
         # Per segment structure: the memos of its heuristic's relaxations (see _ValueBound).
         self._relaxations: dict[str, dict] = {}
         # Expansions one segment may use before it is finished by a beam (and marked inexact).
-        # The transformer, ViT, BERT and VGG segments of the benchmarks need at most ~3,000
-        # (GPT-12 on 8 to 64 devices); a mixture-of-experts layer runs out at any budget tried
-        # (60,000), so a smaller one wastes less before the beam takes over.
+        # The transformer segments of the benchmarks need at most ~100 on HAP-8 (ViT-24 93,
+        # GPT-48 49, BERT-24 32; ~3,000 before values passed their bound on to their readers'
+        # outputs); a mixture-of-experts layer runs out at any budget tried (150,000), so a
+        # smaller one wastes less before the beam takes over.
         self.segment_budget = 5_000
         self._hard = space.hard_segments
         self._timed_out: set[str] = set()
         self._live = [[self._vid[v] for v in live] for live in space.live]
-        self._tables = [self._compile(ns) for ns in space.nodes]
+        self._tables = _Tables(lambda i: self._compile(space.nodes[i]), len(space.nodes))
+        # Exact solver of the segments the A* cannot finish or solves again every layer.
+        self.elimination = SegmentEliminator(self)
 
     @staticmethod
     def code(layout: Layout) -> int:
@@ -172,14 +188,16 @@ class Searcher:
 
     def _compile(self, ns: NodeSpace) -> list[tuple]:
         """Per strategy: (state-independent seconds, activation inputs, fixed sources, carry,
-        carrier).
+        carrier, conversions).
 
         States are tuples of layout masks aligned with the (static) list of activations live
         before each node, so a move is index arithmetic. Parameter and free inputs cost the
         same in every state, so they are priced here once. ``carry`` says, for each value live
         after the node, which slot before it holds its layouts, or which mask it is born with;
-        ``carrier`` applies it. Repeated layers have the same table up to which activations
-        they read, so the table is built once per shape and only the value ids are filled in.
+        ``carrier`` applies it. ``conversions`` is the activation inputs as the hot loop reads
+        them: (slot, wanted layout bit, that layout's conversion table, value id, layout code).
+        Repeated layers have the same table up to which activations they read, so the table is
+        built once per shape and only the value ids are filled in.
         """
         i = ns.index
         before = {vid: k for k, vid in enumerate(self._live[i])}
@@ -200,8 +218,23 @@ class Searcher:
         template = self._templates.get(key)
         if template is None:
             template = self._templates[key] = self._compile_template(ns, shape, carry_shape)
-        return [(base, tuple((pos, slot, want, act_vids[pos]) for pos, slot, want in acts), fixed, carry, carried)
+        return [(base, tuple((pos, slot, want, act_vids[pos]) for pos, slot, want in acts), fixed, carry, carried,
+                 tuple((slot, 1 << want, self._conversions(act_vids[pos], want), act_vids[pos], want)
+                       for pos, slot, want in acts))
                 for base, acts, fixed, carry, carried in template]
+
+    def _conversions(self, vid: int, want: int) -> dict[int, float]:
+        """The (lazily filled) table ``held mask -> seconds`` to get ``vid`` in layout ``want``,
+        shared by every value of the same signature."""
+        key = (self._sig[vid], want)
+        table = self._conv_seconds.get(key)
+        if table is None:
+            table = self._conv_seconds[key] = {}
+        return table
+
+    def _conversion_miss(self, table: dict[int, float], vid: int, mask: int, want: int) -> float:
+        seconds = table[mask] = self._convert(vid, mask, want)[0]
+        return seconds
 
     def _compile_template(self, ns: NodeSpace, shape: list, carry_shape: tuple[int, ...]) -> list[tuple]:
         """:meth:`_compile`'s table with activation inputs as (position, slot, layout code)."""
@@ -238,7 +271,7 @@ class Searcher:
         convert = self._convert
         layouts = self.layouts
         out = []
-        for k, (base, acts, fixed, _, carried) in enumerate(self._tables[ns.index]):
+        for k, (base, acts, fixed, _, carried, _) in enumerate(self._tables[ns.index]):
             if not acts:
                 out.append((carried(list(state)), base, k, fixed))
                 continue
@@ -271,6 +304,8 @@ class Searcher:
         key = (seg.signature, tuple(sorted((st, round(g - base, 13)) for st, (g, _) in frontier.items())))
         hit = self._memo.get(key)
         if hit is None:
+            hit = self.elimination.solve(seg, frontier, base)
+        if hit is None:
             beam = seg.signature in self._hard or seg.signature in self._timed_out
             hit = self._beam_segment(seg, frontier, base) if beam else \
                 self._astar_segment(seg, frontier, base)
@@ -278,15 +313,18 @@ class Searcher:
         return {st: (base + g_rel, frontier[entry][1] + sub) for st, (g_rel, entry, sub) in hit.items()}
 
     def _astar_segment(self, seg: Segment, frontier: Frontier, base: float) -> dict:
-        nodes = self.space.nodes
         value_bound = _ValueBound(self, seg)
         heuristic = value_bound.of
+        # The heuristic depends on the node and state alone, so its values are kept per segment
+        # structure: later A* runs of the segment (other frontiers, other layers) look them up.
+        h_known = value_bound.known
         towards = _TargetBound.of_segment(self, seg, value_bound)
         limits: dict[tuple[int, ...], float] | None = None
+        start = seg.start
         # Per node of the segment: state -> best cost so far, and state -> (previous state,
-        # strategy, sources) of the move that reached it.
+        # strategy) of the move that reached it (its sources are worked out for the path only).
         best_g: list[dict[State, float]] = [{} for _ in range(seg.start, seg.stop + 1)]
-        parent: list[dict[State, tuple]] = [{} for _ in range(seg.start, seg.stop + 1)]
+        parent: list[dict[State, tuple[State, int]]] = [{} for _ in range(seg.start, seg.stop + 1)]
         counter = itertools.count()
         heap = []
         for entry, (g, _) in sorted(frontier.items()):
@@ -297,11 +335,13 @@ class Searcher:
         exits: dict[State, float] = {}
         bound = math.inf
         budget = self.segment_budget
+        tables, conversion_miss = self._tables, self._conversion_miss
+        heappush, heappop, inf = heapq.heappush, heapq.heappop, math.inf
         while heap:
-            f, _, i, state, h_state = heapq.heappop(heap)
+            f, _, i, state, h_state = heappop(heap)
             if f > bound + 1e-15:
                 break
-            layer = best_g[i - seg.start]
+            layer = best_g[i - start]
             g = layer[state]
             if g + h_state < f - 1e-15:
                 continue                              # a stale entry of a state since improved
@@ -313,9 +353,9 @@ class Searcher:
                     if towards is not None:
                         limits = self._exit_limits(seg.stop, exits)
                 continue
-            if limits is not None and towards.useless(i, state, g, limits):
+            if limits is not None and towards.useless(i, state, g, limits, h_state):
                 continue                  # reaches no exit that a settled one does not beat
-            if i > seg.start and self._dominated(i, state, g, layer):
+            if i > start and self._dominated(i, state, g, layer):
                 continue
             budget -= 1
             if budget < 0 or (self.deadline is not None and time.perf_counter() > self.deadline):
@@ -325,23 +365,40 @@ class Searcher:
                 (self._hard if budget < 0 else self._timed_out).add(seg.signature)
                 return self._beam_segment(seg, frontier, base)
             self.expanded += 1
-            next_g = best_g[i + 1 - seg.start]
-            next_parent = parent[i + 1 - seg.start]
-            for new_state, cost, k, sources in self._expand(nodes[i], state):
+            after = i + 1 - start
+            next_g, next_parent, next_h = best_g[after], parent[after], h_known[after]
+            # Every strategy of node i: _expand's moves without their sources (inlined: this
+            # loop is most of the search's time).
+            for k, (cost, _, _, _, carried, conversions) in enumerate(tables[i]):
+                masks = list(state)
+                for slot, bit, table, vid, want in conversions:
+                    mask = masks[slot]
+                    if not mask & bit:
+                        c = table.get(mask)
+                        cost += conversion_miss(table, vid, mask, want) if c is None else c
+                        masks[slot] = mask | bit
+                new_state = carried(masks)
                 g2 = g + cost
-                if g2 < next_g.get(new_state, math.inf) - 1e-18:
+                if g2 < next_g.get(new_state, inf) - 1e-18:
                     next_g[new_state] = g2
-                    next_parent[new_state] = (state, k, sources)
-                    h2 = heuristic(i + 1, new_state)
-                    heapq.heappush(heap, (g2 + h2, next(counter), i + 1, new_state, h2))
+                    next_parent[new_state] = (state, k)
+                    h2 = next_h.get(new_state)
+                    if h2 is None:
+                        h2 = next_h[new_state] = heuristic(i + 1, new_state)
+                    heappush(heap, (g2 + h2, next(counter), i + 1, new_state, h2))
         result = {}
         for state, g in exits.items():
-            entry, path = self._path(parent, state)
+            entry, path = self._path(seg, parent, state)
             result[state] = (g, entry, path)
         return result
 
     def _beam_segment(self, seg: Segment, frontier: Frontier, base: float, width: int = 24) -> dict:
-        """The segment with at most ``width`` states per node (cheapest first): fast, not exact."""
+        """The segment with at most ``width`` states per node (cheapest first): fast, not exact.
+        Out of states rather than time, it is first solved exactly by elimination if narrow enough."""
+        if seg.signature not in self._timed_out:
+            exact = self.elimination.solve(seg, frontier, base, hard=True)
+            if exact is not None:
+                return exact
         self.exact = False
         nodes = self.space.nodes
         layer = {st: (g - base, st, []) for st, (g, _) in frontier.items()}
@@ -355,14 +412,15 @@ class Searcher:
             layer = dict(sorted(nxt.items(), key=lambda kv: (kv[1][0], kv[0]))[:width])
         return layer
 
-    @staticmethod
-    def _path(parent: list[dict[State, tuple]], state: State) -> tuple[State, list[Choice]]:
-        """Walk back from an exit ``state`` to the entry state; return it and the choices made."""
-        path = []
-        for layer in reversed(parent[1:]):
-            state, k, sources = layer[state]
-            path.append(Choice(k, sources))
-        path.reverse()
+    def _path(self, seg: Segment, parent: list[dict[State, tuple[State, int]]],
+              state: State) -> tuple[State, list[Choice]]:
+        """Walk back from an exit ``state`` to the entry state; return it and the choices made
+        (each move's sources priced again by :meth:`_expand`, for this path only)."""
+        steps = []
+        for i in range(seg.stop - 1, seg.start - 1, -1):
+            state, k = parent[i + 1 - seg.start][state]
+            steps.append((i, state, k))
+        path = [Choice(k, self._expand(self.space.nodes[i], before)[k][3]) for i, before, k in reversed(steps)]
         return state, path
 
     def _dominated(self, i: int, state: State, g: float, layer: dict[State, float]) -> bool:
@@ -374,7 +432,7 @@ class Searcher:
             single = mask & (mask - 1) == 0
             for alt, extra in self._alternatives(live[slot], mask):
                 if extra > g:
-                    continue
+                    break                       # sorted by extra; costs paid so far are >= 0
                 other = state[:slot] + (alt,) + state[slot + 1:]
                 g_other = layer.get(other)
                 if g_other is None:
@@ -385,7 +443,7 @@ class Searcher:
 
     def _alternatives(self, vid: int, mask: int) -> list[tuple[int, float]]:
         """(single-layout mask, seconds to convert it into every layout of ``mask``) for each
-        other layout ``vid`` can take: the candidates :meth:`_dominated` looks up."""
+        other layout ``vid`` can take, cheapest first: the candidates :meth:`_dominated` looks up."""
         key = (self._sig[vid], mask)
         hit = self._alt_cache.get(key)
         if hit is None:
@@ -394,7 +452,33 @@ class Searcher:
                 alt = 1 << code
                 if alt != mask:
                     hit.append((alt, sum(self._move_seconds(vid, code, c) for c in _bits(mask) if c != code)))
+            hit.sort(key=lambda a: a[1])
             self._alt_cache[key] = hit
+        return hit
+
+    def _relaxation_rows(self, j: int, vid: int, options: frozenset[int] | None) -> list[tuple]:
+        """Node ``j``'s strategies as the relaxation tracking ``vid`` sees them (see
+        :meth:`_ValueBound._solve`): (seconds, the (bit, code, conversion table) of each
+        layout it wants ``vid`` in,
+        the (value, mask) of each output born live), the cheapest strategy per distinct wish
+        (the others cannot be better there), restricted to ``options`` when given. Outputs
+        count only at nodes that read ``vid``."""
+        key = (j, vid, options)
+        hit = self._relax_rows.get(key)
+        if hit is None:
+            cheapest: dict[tuple, float] = {}
+            after = self._live[j + 1]
+            for k, (base, acts, _, carry, *_) in enumerate(self._tables[j]):
+                if options is not None and k not in options:
+                    continue
+                wants = tuple(want for _, _, want, v in acts if v == vid)
+                reads = any(v == vid for _, _, _, v in acts)
+                born = tuple((after[n], bit) for n, (slot, bit) in enumerate(carry) if slot < 0) if reads else ()
+                if base < cheapest.get((wants, born), math.inf):
+                    cheapest[(wants, born)] = base
+            hit = self._relax_rows[key] = [
+                (base, tuple((1 << want, want, self._conversions(vid, want)) for want in wants), born)
+                for (wants, born), base in cheapest.items()]
         return hit
 
     def _codes_of(self, vid: int) -> list[int]:
@@ -434,7 +518,7 @@ class Searcher:
                 extra = g
                 for vid, mask, want in zip(live, state, target):
                     if not mask >> want & 1:
-                        extra += min(self._move_seconds(vid, a, want) for a in _bits(mask))
+                        extra += self._convert(vid, mask, want)[0]
                         if extra >= cheapest:
                             break
                 if extra < cheapest:
@@ -457,9 +541,7 @@ class Searcher:
         """The most it costs to turn the values live at ``i``, held as in ``state``, into any layouts."""
         total = 0.0
         for vid, mask in zip(self._live[i], state):
-            held = _bits(mask)
-            total += max((min(self._move_seconds(vid, a, b) for a in held) for b in self._codes_of(vid)),
-                         default=0.0)
+            total += max((self._convert(vid, mask, b)[0] for b in self._codes_of(vid)), default=0.0)
         return total
 
     def _node_floor(self, ns: NodeSpace) -> float:
@@ -484,9 +566,20 @@ class Searcher:
                             distinct, time.perf_counter() - started, storage)
 
     def _prune_frontier(self, seg: Segment, frontier: Frontier) -> Frontier:
-        """Drop boundary states that are dearer than converting a cheaper one into them."""
+        """Drop boundary states that are dearer than converting a cheaper one into them.
+
+        Which survive depends on the costs relative to the cheapest, so it is remembered by
+        them as :meth:`solve_segment`'s results are: repeated layers decide it once."""
         if len(frontier) <= 1:
             return frontier
+        base = min(g for g, _ in frontier.values())
+        key = (seg.signature, tuple(sorted((st, round(g - base, 13)) for st, (g, _) in frontier.items())))
+        survivors = self._survivors.get(key)
+        if survivors is None:
+            survivors = self._survivors[key] = tuple(self._undominated(seg, frontier))
+        return {state: frontier[state] for state in survivors}
+
+    def _undominated(self, seg: Segment, frontier: Frontier) -> Frontier:
         live = self._live[seg.stop]
         kept = {}
         for state, (g, path) in frontier.items():
@@ -494,7 +587,7 @@ class Searcher:
             for other, (g2, _) in frontier.items():
                 if other == state or g2 > g:
                     continue
-                extra = sum(min(self._move_seconds(vid, a, b) for a in _bits(o)) for vid, o, m in
+                extra = sum(self._convert(vid, o, b)[0] for vid, o, m in
                             zip(live, other, state) for b in _bits(m) if not o >> b & 1)
                 if g2 + extra < g - 1e-15 or (g2 + extra <= g and other < state):
                     dominated = True
@@ -515,7 +608,15 @@ class Searcher:
 
 def search(space: SearchSpace, time_budget_seconds: float | None = None) -> SearchResult:
     deadline = time.perf_counter() + time_budget_seconds if time_budget_seconds else None
-    return Searcher(space, deadline).run()
+    # The search allocates many small tuples and frees them by reference counting; none is in
+    # a cycle, so the cyclic collector only costs time while it runs (10-20% of a search).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return Searcher(space, deadline).run()
+    finally:
+        if collecting:
+            gc.enable()
 
 
 
@@ -539,11 +640,14 @@ class _ValueBound:
     The plain bound (every remaining node at its cheapest strategy's own price) ignores that
     a value held in the wrong layout must be moved before it is used. Here each live value
     gets its own relaxed problem: the rest of the segment solved exactly with *only that
-    value's* layouts tracked (every other input is had for free, in any layout). Its optimum
-    is a lower bound on the real cost to go, so the largest over the state's values is too;
-    each is a shortest path in a relaxation, so their maximum is consistent and A* still
-    settles states in order. The tables are small (a value's layout sets times the segment's
-    nodes) and built lazily, only for the masks states actually hold.
+    value's* layouts tracked (every other input is had for free, in any layout), handing on,
+    at each node that reads it, to the outputs that node gives birth to (see :meth:`_solve`).
+    Its optimum is a lower bound on the real cost to go, so the largest over the state's
+    values is too; each step of it is bounded by the relaxations of the next state's values,
+    so their maximum is consistent and A* still settles states in order. The tables are small
+    (a value's layout sets times the segment's nodes) and built lazily, only for the masks
+    states actually hold. tests/test_search_bounds.py checks both properties in every
+    reachable state of small models.
     """
 
     def __init__(self, searcher: Searcher, seg: Segment) -> None:
@@ -567,6 +671,9 @@ class _ValueBound:
         self.live_sids = [[self.sid[v] for v in searcher._live[j]] for j in range(seg.start, seg.stop + 1)]
         self.shared = searcher._relaxations.setdefault(seg.signature, {})
         self.memo: dict[tuple[int, int, int], float] = self.shared.setdefault("any", {})
+        # Per node of the segment: state -> the heuristic's value there, filled by the A*.
+        self.known: list[dict[State, float]] = self.shared.setdefault(
+            "known", [{} for _ in range(seg.start, seg.stop + 1)])
 
     def of(self, i: int, state: State) -> float:
         """Lower bound on the cost from ``state`` before node ``i`` to any exit of the segment."""
@@ -585,56 +692,64 @@ class _ValueBound:
 
     def _solve(self, vid: int, i: int, mask: int, memo: dict | None = None,
                last_options: frozenset[int] | None = None, floor: list[float] | None = None) -> float:
-        """Cost to go of the relaxation that tracks only ``vid``, from ``mask`` before node ``i``.
+        """Cost to go of the relaxation that tracks ``vid``, from ``mask`` before node ``i``.
+
+        Only ``vid``'s layouts are tracked, and at each node that reads it, also the layouts
+        the node's outputs are born in: after a move, the cost to go is at least the relaxation
+        of ``vid`` (if still live) and of each output, from the masks the move leaves them in,
+        so the larger of these is taken. Communication a value's readers pass on (a partial
+        sum carried through a dropout to the residual add) is thus seen where it starts.
+        Every term is a lower bound on the real cost to go, so the result is one too, and each
+        term is the value a live value's own relaxation has in the next state: the heuristic
+        stays consistent.
 
         ``last_options`` restricts the segment's last node to those strategies (with ``floor``
         and ``memo`` to match): the cost to reach an exit of a given layout, see
         :class:`_TargetBound`.
 
-        Iterative (segments can be long): a stack of (node, mask) still to price; a pair is
-        priced once every successor it needs is in the memo."""
+        Iterative (segments can be long): a stack of (value, node, mask) still to price; a
+        triple is priced once every successor it needs is in the memo."""
         memo = self.memo if memo is None else memo
         floor = self.floor if floor is None else floor
-        last = self.stop - 1 if last_options is not None else -1
-        tables = self.searcher._tables
-        convert = self.searcher._convert
-        sid, start = self.sid[vid], self.start
-        stack = [(i, mask)]
+        rows_of = self.searcher._relaxation_rows
+        conversion_miss = self.searcher._conversion_miss
+        sid, start, stop = self.sid, self.start, self.stop
+        stack = [(vid, i, mask)]
         while stack:
-            j, m = stack[-1]
-            if (sid, j - start, m) in memo:
+            v, j, m = stack[-1]
+            key = (sid[v], j - start, m)
+            if key in memo:
                 stack.pop()
                 continue
-            alive_after = vid in self.live_sets[j + 1 - self.start]
+            last = j + 1 == stop
+            alive_after = not last and v in self.live_sets[j + 1 - start]
             best = math.inf
             missing = []
-            for k, (base, acts, *_) in enumerate(tables[j]):
-                if j == last and k not in last_options:
-                    continue
+            for base, wants, born in rows_of(j, v, last_options if last else None):
                 cost, m2 = base, m
-                for _, _, want, v in acts:
-                    if v == vid:
-                        bit = 1 << want
-                        if not m2 & bit:
-                            cost += convert(vid, m2, want)[0]
-                            m2 |= bit
-                if j + 1 == self.stop:
+                for bit, want, table in wants:
+                    if not m2 & bit:
+                        c = table.get(m2)
+                        cost += conversion_miss(table, v, m2, want) if c is None else c
+                        m2 |= bit
+                if last:
                     rest = 0.0
-                elif not alive_after:
-                    rest = floor[j + 1 - self.start]
                 else:
-                    rest = memo.get((sid, j + 1 - start, m2))
-                    if rest is None:
-                        missing.append((j + 1, m2))
-                        continue
+                    rest = floor[j + 1 - start]
+                    for w, m3 in ((v, m2),) + born if alive_after else born:
+                        r = memo.get((sid[w], j + 1 - start, m3))
+                        if r is None:
+                            missing.append((w, j + 1, m3))
+                        elif r > rest:
+                            rest = r
                 if cost + rest < best:
                     best = cost + rest
             if missing:
                 stack.extend(missing)
                 continue
-            memo[(sid, j - start, m)] = best if best < math.inf else floor[j - start]
+            memo[key] = best if best < math.inf else floor[j - start]
             stack.pop()
-        return memo[(sid, i - start, mask)]
+        return memo[(sid[vid], i - start, mask)]
 
 
 class _TargetBound:
@@ -655,6 +770,9 @@ class _TargetBound:
         self.vb = vb
         self.producers = producers          # target layout code -> strategies of the last node
         self.memos: dict[int, dict] = {code: vb.shared.setdefault(("exit", code), {}) for code in producers}
+        # Per target layout and node of the segment: state -> _bound there (kept per structure).
+        self.known: dict[int, list[dict[State, float]]] = {
+            code: vb.shared.setdefault(("known", code), [{} for _ in vb.floor]) for code in producers}
         searcher = vb.searcher
         last = vb.stop - 1
         own = searcher._node_floor(searcher.space.nodes[last])
@@ -679,32 +797,56 @@ class _TargetBound:
             producers.setdefault(searcher.code(strat.outputs[pos]), set()).add(k)
         return _TargetBound(vb, {code: frozenset(ks) for code, ks in producers.items()})
 
-    def useless(self, i: int, state: State, g: float, limits: dict[tuple[int, ...], float]) -> bool:
+    def useless(self, i: int, state: State, g: float, limits: dict[tuple[int, ...], float],
+                h_any: float = 0.0) -> bool:
         """Does every exit reachable from ``state`` (before node ``i``, cost ``g`` so far) cost
-        more than its layout's limit?"""
-        vb = self.vb
+        more than its layout's limit? ``h_any`` is the state's bound to any exit, which no
+        bound to a given layout is below: a layout whose limit it already passes is not priced."""
+        at = i - self.vb.start
         for (code,), limit in limits.items():
-            options = self.producers.get(code)
-            if options is None:
-                continue                         # the last node cannot produce this layout
-            slack = limit + 1e-15 - g
-            floor = self.floors[code]
-            if floor[i - vb.start] <= slack and not self._beyond(code, options, floor, i, state, slack):
+            known = self.known.get(code)
+            if known is None or g + h_any > limit + 1e-15:
+                continue                         # the last node cannot produce this layout, or beaten
+            h = known[at].get(state)
+            if h is None:
+                h = known[at][state] = self._bound(code, i, state)
+            if h <= limit + 1e-15 - g:
                 return False
         return True
 
-    def _beyond(self, code: int, options: frozenset[int], floor: list[float], i: int, state: State,
-                slack: float) -> bool:
-        memo = self.memos[code]
+    def _bound(self, code: int, i: int, state: State) -> float:
+        """Lower bound on the cost from ``state`` before node ``i`` to an exit in layout ``code``."""
+        memo, options, floor = self.memos[code], self.producers[code], self.floors[code]
         vb = self.vb
         at = i - vb.start
+        best = floor[at]
         for slot, (sid, mask) in enumerate(zip(vb.live_sids[at], state)):
             h = memo.get((sid, at, mask))
             if h is None:
                 h = vb._solve(vb.live[i][slot], i, mask, memo, options, floor)
-            if h > slack:
-                return True
-        return False
+            if h > best:
+                best = h
+        return best
+
+
+class _Tables:
+    """Each node's move table (see :meth:`Searcher._compile`), built on first use: the A* and
+    its bounds visit the first instances of each repeated segment, the rest are memo hits."""
+
+    def __init__(self, build: Callable[[int], list[tuple]], nodes: int) -> None:
+        self._build = build
+        self._rows: list[list[tuple] | None] = [None] * nodes
+
+    def __getitem__(self, index: int | slice) -> list:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self._rows)))]
+        rows = self._rows[index]
+        if rows is None:
+            rows = self._rows[index] = self._build(index)
+        return rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
 
 
 def _carrier(carry: tuple[tuple[int, int], ...], slots_before: int) -> Callable[[list[int]], State]:

@@ -73,15 +73,15 @@ class SearchSpace:
         can be forbidden (memory pressure) with ``allow_replicated_params=False``."""
         shape = _structure_of(graph)
         nodes = []
-        seen: dict[tuple, tuple[list[Strategy], list[float], float]] = {}
+        seen: dict[int, tuple[list[Strategy], list[float], float]] = {}
         for i, node in enumerate(graph.nodes):
-            key = shape.keys[i]
-            if key not in seen:       # repeated layers share strategies and prices
+            key, key_id = shape.keys[i], shape.key_ids[i]
+            if key_id not in seen:       # repeated layers share strategies and prices
                 options = [s for s in shape.strategies(key, node)
                            if _allowed(s, node, graph, shape.kinds, free_layouts, prices.world)]
                 compute = [prices.compute_seconds(node, s, key) for s in options]
-                seen[key] = (options, compute, prices.node_lower_bound(node, key))
-            options, compute, lb = seen[key]
+                seen[key_id] = (options, compute, prices.node_lower_bound(node, key))
+            options, compute, lb = seen[key_id]
             nodes.append(NodeSpace(i, node, options, compute, lb, shape.inputs[i], key))
         space = SearchSpace(graph, prices, nodes, shape.last_use, param_uses=shape.param_uses,
                             allow_replicated_params=allow_replicated_params)
@@ -114,6 +114,7 @@ class _GraphShape:
     param_uses: dict[str, int]
     keys: list[tuple]
     inputs: list[list[tuple[str, str]]]
+    key_ids: list[int] = field(default_factory=list)   # equal keys, equal ids (cheap to hash)
     live: list[list[str]] | None = None
     segments: list[Segment] = field(default_factory=list)
     _strategies: dict[tuple, list[Strategy]] = field(default_factory=dict)
@@ -164,7 +165,10 @@ def _structure_of(graph: Graph) -> _GraphShape:
             if kinds[r] == PARAM:
                 param_uses[r] = param_uses.get(r, 0) + 1
     last_use[graph.output] = len(graph.nodes)          # the loss lives to the end
-    shape = _GraphShape(graph, size, kinds, last_use, param_uses, [cost_key(graph, n) for n in graph.nodes], inputs)
+    keys = [cost_key(graph, n) for n in graph.nodes]
+    ids: dict[tuple, int] = {}
+    shape = _GraphShape(graph, size, kinds, last_use, param_uses, keys, inputs,
+                        [ids.setdefault(key, len(ids)) for key in keys])
     _SHAPES[:] = [s for s in _SHAPES if s.graph is not graph][-(_SHAPES_KEPT - 1):] + [shape]
     return shape
 

@@ -38,6 +38,17 @@ order and micro-batch count, then again with the fronts where needed. The plan r
 :data:`DP_RUN_LIMIT` or :data:`FRONT_RUN_LIMIT`, or a front wider than :data:`FRONT_WIDTHS`
 cut the proof short, or when GPipe is forced: its bound is the 1F1B relaxation).
 
+**Groups priced by bounds first** (``lazy_groups=True``). A group's program costs an A* (and
+for unequal devices the share LP's rounds); :mod:`costmodel.stagebounds` bounds what any
+program on the group costs per node range without one. Arcs of groups not yet synthesised
+carry those bounds; the DP stays a valid lower bound, a plan that cannot beat the incumbent is
+dropped unpriced, and when one that might is found the groups it uses are synthesised and its
+problem solved again. So the result is the same, with fewer syntheses when the bounds are
+tight enough; on the bench clusters (homogeneous groups of 1-4 devices, near-equal plans) they
+save 0-2 of 8 syntheses and cost restarts, hence off by default. A second pass only reruns
+problems whose first-pass bounds stay under the final incumbent, and a plan is only priced
+when its bound is under the incumbent.
+
 The space searched: the groups and orders above, the cut candidates
 (:func:`cut_candidates`), power-of-two micro-batch counts, up to :data:`MAX_STAGES` stages;
 each group runs its own whole-graph program (chosen with memory unbounded), a stage its
@@ -62,6 +73,7 @@ from costmodel.cluster import Cluster, Link
 from costmodel.collectives import best_variant
 from costmodel.compute import lower_bound_seconds
 from costmodel.groups import group_key, link_between, sub_cluster
+from costmodel.stagebounds import StageBounds, bounds_available
 from costmodel.pipeline import (  # noqa: I001
     SCHEDULES,  # noqa: F401  (the API checks --schedule against it)
     ProgramPricer,
@@ -138,6 +150,7 @@ class _Arc:
     busy: np.ndarray             # [c, c] w + x: what the stage and its send add to the pipeline's sum
     busy_tail: np.ndarray        # [c, c] w + x + e: ... and the end of its own iteration after the pipeline
     ahead: np.ndarray            # [c, c] f + x_f: how far its last backward ends before the next stage's
+    bound: bool = False          # priced by lower bounds only: its group has no program yet
 
 
 @dataclass
@@ -153,6 +166,7 @@ class _Problem:
     steps: np.ndarray            # sorted distinct step values: the caps worth trying
     gates: dict[int, list[np.ndarray]] = field(default_factory=dict)   # per in-flight count
     ahead: np.ndarray | None = None      # [p, i] least forward time before a state (a bound)
+    source: tuple = ()                   # what built it (to build it again once groups are synthesised)
 
 
 class _Search:
@@ -167,6 +181,7 @@ class _Search:
         self.dp_runs = 0
         self.pass_runs = 0                      # DP runs in the current pass (each pass has the limit)
         self.pareto_runs = 0
+        self.skipped = 0                        # problems the second pass found proven by the first
 
     def open(self, lower_bound: float) -> bool:
         return lower_bound < self.upper * (1 - EXACT_TOLERANCE)
@@ -183,7 +198,7 @@ class StagePlanner:
 
     def __init__(self, graph: Graph, cluster: Cluster, *, optimizer: str | int = "adamw",
                  group_synthesizer: Callable[[Graph, Cluster], DistProgram] | None = None,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, lazy_groups: bool = False) -> None:
         self.graph = graph
         self.cluster = cluster
         self.optimizer = optimizer
@@ -197,6 +212,13 @@ class StagePlanner:
         self.cuts = cut_candidates(graph, self.fwd_bytes)
         self.batch = batch_size(graph)
         self.group_syntheses = 0
+        # With lazy_groups, groups are priced by lower bounds until a plan worth pricing uses them
+        # (module docstring). Off by default: on the bench clusters it saves 0-2 of 8 syntheses
+        # and costs more DP runs (restarts) and wider (W, V) fronts than it saves.
+        self.lazy_groups = lazy_groups and bounds_available(cluster)
+        self._bounds: dict[str, StageBounds] = {}
+        self._bound_matrices: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+        self.restarts = 0
         self._send_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     # ---- groups ------------------------------------------------------------------------------
@@ -329,6 +351,33 @@ class StagePlanner:
         self._matrices[key] = out
         return out
 
+    def bound_matrices(self, group: _Group, m: int) -> dict[str, np.ndarray]:
+        """What :meth:`matrices` gives, bounded below (in-flight limits bounded above) for every
+        program the group could run (:mod:`costmodel.stagebounds`): no synthesis needed."""
+        key = (group.key, m)
+        if key not in self._bound_matrices:
+            if group.key not in self._bounds:
+                self._bounds[group.key] = StageBounds(self.graph, group.cluster, self.optimizer)
+            prof = self._bounds[group.key].profile(m)
+            cuts = np.array(self.cuts)
+
+            def diff(prefix: np.ndarray) -> np.ndarray:
+                at = prefix[cuts]
+                return at[None, :] - at[:, None]
+
+            fwd, bwd = diff(prof.fwd_seconds), diff(prof.bwd_seconds)
+            upper = np.triu(np.ones((len(cuts), len(cuts)), dtype=bool), 1)
+            inflight = prof.inflight_max(cuts[:, None], cuts[None, :])
+            nothing = np.zeros_like(fwd)
+            self._bound_matrices[key] = {"fwd": fwd, "bwd": bwd, "step": np.where(upper, fwd + bwd, np.inf),
+                                         "tail": diff(prof.optimizer_seconds), "sync": nothing,
+                                         "exposed": nothing, "inflight_max": np.where(upper, inflight, -1.0)}
+        return self._bound_matrices[key]
+
+    def _synthesised(self, group: _Group) -> bool:
+        """Whether ``group`` is priced by its program (else by bounds, until a plan needs it)."""
+        return not self.lazy_groups or group.key in self._programs
+
     # ---- the search --------------------------------------------------------------------------------
     def microbatch_counts(self, groups: Sequence[_Group]) -> list[int]:
         """Powers of two that divide the batch and leave the smallest group a sample per
@@ -378,19 +427,25 @@ class StagePlanner:
                 problems.append(self._problem(nodes, positions, starts, m, stages, schedule == "gpipe"))
         search = _Search(bound, schedule or "1f1b")
         # First the cheap bound alone, for a good incumbent; then again, proving it with the
-        # exact front DP only where the cheap bound stays under that incumbent.
-        for prob in problems:
-            self._branch_and_bound(prob, search, fronts=False)
+        # exact front DP only where the cheap bound stays under that incumbent. A problem whose
+        # first-pass bounds all reach the final incumbent is proven already and not run again.
+        first_pass = [self._branch_and_bound(prob, search, fronts=False) for prob in problems]
         search.lower_bounds.clear()
         search.pass_runs = 0
-        for prob in problems:
-            self._branch_and_bound(prob, search, fronts=True)
+        for prob, proven in zip(problems, first_pass):
+            if any(search.open(b) for b in proven):
+                self._branch_and_bound(prob, search, fronts=True)
+            else:
+                search.skipped += 1
         best = search.best
         if best is not None:
             lower = min([best.iteration_seconds] + search.lower_bounds)
             gap = max(0.0, (best.iteration_seconds - lower) / best.iteration_seconds)
-            best.search = {"group_syntheses": self.group_syntheses, "candidates_priced": search.priced,
-                           "dp_runs": search.dp_runs, "front_dp_runs": search.pareto_runs, "cut_candidates": len(self.cuts) - 2,
+            bounded_only = {a.group.key for prob in problems for a in prob.arcs} - set(self._programs)
+            best.search = {"group_syntheses": self.group_syntheses, "groups_bounded_only": len(bounded_only),
+                           "restarts": self.restarts, "candidates_priced": search.priced,
+                           "dp_runs": search.dp_runs, "problems": len(problems),
+                           "problems_proven_in_first_pass": search.skipped, "front_dp_runs": search.pareto_runs, "cut_candidates": len(self.cuts) - 2,
                            "exact": bool(gap <= EXACT_TOLERANCE), "gap": float(gap), "lower_bound_seconds": float(lower),
                            "seconds": time.perf_counter() - started}
         return best
@@ -411,7 +466,8 @@ class StagePlanner:
             for g in starts[a]:
                 if len(g.ranks) > max(1, self.batch // m):
                     continue                     # a member would get no sample of a micro-batch
-                mat = self.matrices(g, m)
+                ready = self._synthesised(g)
+                mat = self.matrices(g, m) if ready else self.bound_matrices(g, m)
                 after = self._link_after(g, starts)
                 before = link_between(self.cluster, (flat[a - 1],), g.ranks) if a > 0 else None
                 xf, xb = self._sends(after, fwd_bytes, bwd_bytes)
@@ -427,12 +483,19 @@ class StagePlanner:
                 ahead = mat["fwd"] + blocked * (xf[None, :] + bf[:, None]) + xf[None, :]
                 gate = np.maximum(step, link[None, :])
                 arcs.append(_Arc(g, pos_index[a], pos_index[g.end], cost, gate, mat["inflight_max"],
-                                 busy, busy + tail, ahead))
+                                 busy, busy + tail, ahead, bound=not ready))
         max_stages = forced_stages or min(len(positions) - 1, c - 1, MAX_STAGES)
         ks = [forced_stages] if forced_stages else list(range(2, max_stages + 1))
         finite = [a.gate[np.isfinite(a.gate)] for a in arcs]
         steps = np.unique(np.concatenate(finite)) if finite else np.zeros(0)
-        return _Problem(m, len(positions), arcs, max_stages, ks, gpipe_memory, steps)
+        return _Problem(m, len(positions), arcs, max_stages, ks, gpipe_memory, steps,
+                        source=(nodes, positions, starts, m, forced_stages, gpipe_memory))
+
+    def _refreshed(self, prob: _Problem) -> _Problem:
+        """``prob`` built again when a group it bounds has been synthesised since."""
+        if any(arc.bound and self._synthesised(arc.group) for arc in prob.arcs):
+            return self._problem(*prob.source)
+        return prob
 
     def _sends(self, link: Link | None, fwd_bytes: np.ndarray, bwd_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Seconds to send the activations (and their gradients back) of every cut over ``link``."""
@@ -443,15 +506,37 @@ class StagePlanner:
         xf, xb = self._send_cache[key]
         return xf.copy(), xb.copy()
 
-    def _branch_and_bound(self, prob: _Problem, search: _Search, fronts: bool) -> None:
+    def _branch_and_bound(self, prob: _Problem, search: _Search, fronts: bool) -> list[float]:
         """The least ``(m - 1) * B + W + e0`` over step caps ``B``, exactly: caps are bisected over
         the distinct step values; an interval of caps is dropped when its lower bound reaches
-        the best pipeline priced so far (module docstring)."""
+        the best pipeline priced so far (module docstring).
+
+        Groups without a program yet take part through their lower bounds; when the DP's best
+        plan under a cap uses one, that group is synthesised and the problem solved again with
+        its real prices (the incumbent kept): a bound alone never closes an interval, so the
+        result is as exact as with every group synthesised up front. Returns the lower bounds
+        that closed the problem's cap intervals (those dropped as worse than the incumbent of
+        their time are not listed: they reach any later incumbent too)."""
+        while True:
+            prob = self._refreshed(prob)
+            proven: list[float] = []
+            missing = self._branch_and_bound_once(prob, search, fronts, proven)
+            if not missing:
+                search.lower_bounds.extend(proven)
+                return proven
+            for group in missing:
+                self.group_program(group)
+            self.restarts += 1
+
+    def _branch_and_bound_once(self, prob: _Problem, search: _Search, fronts: bool,
+                               proven: list[float]) -> list[_Group]:
+        """One run of the bisection; the groups to synthesise first when a bound-priced plan
+        came out best under some cap (the run is then void), else none."""
         if not prob.arcs or not len(prob.steps):
-            return
+            return []
         least_step = self._least_bottleneck(prob)
         if not math.isfinite(least_step):
-            return                                   # nothing fits
+            return []                                # nothing fits
         steps = prob.steps
         lo = int(np.searchsorted(steps, least_step))
         pending = [(0.0, lo, len(steps) - 1)]        # (lower bound, first cap index, last cap index)
@@ -460,7 +545,7 @@ class StagePlanner:
             if not pending:
                 break
             if search.pass_runs >= DP_RUN_LIMIT:
-                search.lower_bounds.extend(iv[0] for iv in pending)      # unexplored: counted in the gap
+                proven.extend(iv[0] for iv in pending)      # unexplored: counted in the gap
                 break
             pending.sort()
             batch, pending = pending[:CAP_BATCH], pending[CAP_BATCH:]
@@ -477,9 +562,14 @@ class StagePlanner:
                 chosen = self._walk(prob, pick_arc, pick_cut, b, k)
                 bottleneck = max(float(arc.gate[i, j]) for arc, i, j in chosen)
                 t = int(np.searchsorted(steps, bottleneck))
-                search.consider(self, chosen, prob.m)
+                if not search.open((prob.m - 1) * steps[t] + least):
+                    pass                                     # it cannot beat the incumbent: not priced
+                elif _unsynthesised(chosen):
+                    return _unsynthesised(chosen)           # it might win: price it for real
+                else:
+                    search.consider(self, chosen, prob.m)
                 if fronts and search.open((prob.m - 1) * steps[t] + least) and search.pareto_runs < FRONT_RUN_LIMIT and \
-                        _pipeline_sum(chosen) + _tail_excess(chosen) > least * (1 + EXACT_TOLERANCE):
+                        not _unsynthesised(chosen) and _pipeline_sum(chosen) + _tail_excess(chosen) > least * (1 + EXACT_TOLERANCE):
                     # A later stage's tail ends the iteration: the bound W + e0 is not tight here.
                     # The exact DP over (W, V) fronts prices the cap instead.
                     exact = self._pareto_dp(prob, float(steps[hi]), search.upper - (prob.m - 1) * steps[first])
@@ -488,15 +578,18 @@ class StagePlanner:
                         least, chosen = exact
                         if not chosen:
                             continue
+                        if _unsynthesised(chosen):
+                            return _unsynthesised(chosen)
                         bottleneck = max(float(arc.gate[i, j]) for arc, i, j in chosen)
                         t = int(np.searchsorted(steps, bottleneck))
                         search.consider(self, chosen, prob.m)
-                search.lower_bounds.append((prob.m - 1) * steps[t] + least)
+                proven.append((prob.m - 1) * steps[t] + least)
                 if t > first:
                     mid = (first + t - 1) // 2
                     pending.append(((prob.m - 1) * steps[first] + least, first, mid))
                     if mid + 1 <= t - 1:
                         pending.append(((prob.m - 1) * steps[mid + 1] + least, mid + 1, t - 1))
+        return []
 
     def _gates(self, prob: _Problem, k: int) -> list[np.ndarray]:
         """Each arc's step gate with the stages that cannot hold their in-flight micro-batches
@@ -608,6 +701,9 @@ class StagePlanner:
                     continue
                 w_all, v_all, id_all = np.concatenate(ws, axis=1), np.concatenate(vs, axis=1), np.concatenate(ids)
                 live = np.isfinite(w_all)
+                useful = live.any(axis=0)             # most (next cut, front entry) pairs are empty
+                if not useful.all():
+                    w_all, v_all, id_all, live = w_all[:, useful], v_all[:, useful], id_all[useful], live[:, useful]
                 for q in range(width):
                     if not live.any():
                         break
@@ -730,6 +826,15 @@ def pipeline_even(planner: StagePlanner) -> Pipeline | None:
         if pipe is not None and (best is None or pipe.iteration_seconds < best.iteration_seconds):
             best = pipe
     return best
+
+
+def _unsynthesised(chosen: list[tuple[_Arc, int, int]]) -> list[_Group]:
+    """The groups of ``chosen`` priced by bounds only, each once, in stage order."""
+    out: dict[str, _Group] = {}
+    for arc, _, _ in chosen:
+        if arc.bound:
+            out.setdefault(arc.group.key, arc.group)
+    return list(out.values())
 
 
 def _pipeline_sum(chosen: list[tuple[_Arc, int, int]]) -> float:

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from costmodel.cluster import Cluster
+from costmodel.simcache import SimulationCache
 from costmodel.simulator import SimResult, simulate
 from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
 from synth.baselines import BASELINES, baseline_programs
 from synth.costs import Prices
-from synth.loads import share_problem
+from synth.loads import share_problem, with_shares
 from synth.ratios import MemoryInfeasible, solve_shares
 from synth.search import SearchResult, search, to_program
 from synth.space import SearchSpace
@@ -70,10 +71,11 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
     say = progress or (lambda msg: None)
     deadline = time.perf_counter() + time_budget if time_budget else None
     out = Synthesis(best=None, baselines={})  # type: ignore[arg-type]
+    prices = SimulationCache(graph, cluster)      # what every simulation below shares
 
     say("baselines " + ", ".join(baselines))
     for name, prog in baseline_programs(baselines, graph, cluster).items():
-        out.baselines[name] = Candidate(name, prog, simulate(prog, cluster, optimizer=optimizer))
+        out.baselines[name] = Candidate(name, prog, simulate(prog, cluster, optimizer=optimizer, cache=prices))
 
     best: Candidate | None = None
     for replicated_params in (True, False):
@@ -93,7 +95,8 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
                 out.searches += 1
                 out.states_expanded += result.states_expanded
                 prog = to_program(space, result, shares)
-                cand = Candidate("hapc", prog, simulate(prog, cluster, optimizer=optimizer), result, space)
+                cand = Candidate("hapc", prog, simulate(prog, cluster, optimizer=optimizer, cache=prices),
+                                 result, space)
                 if round_best is None or _better(cand, round_best):
                     round_best, round_overlap = cand, overlap
             assert round_best is not None
@@ -105,7 +108,7 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
                 best = round_best
             t0 = time.perf_counter()
             try:
-                solution = solve_shares(share_problem(round_best.program, round_best.sim, cluster, optimizer),
+                solution = solve_shares(share_problem(round_best.program, round_best.sim, cluster, optimizer, prices),
                                         backend)
             except MemoryInfeasible:
                 out.lp_seconds += time.perf_counter() - t0
@@ -119,7 +122,7 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
             # Warm start: the round's program at the LP's shares is a candidate of its own, and
             # when the simulator does not find it faster than at the old shares, the shares have
             # converged and searching again at them is not worth a round.
-            warm = _reshared(round_best, new_shares, cluster, optimizer)
+            warm = _reshared(round_best, new_shares, cluster, optimizer, prices)
             out.warm_starts += 1
             if warm is not None and _better(warm, best):
                 best = warm
@@ -144,20 +147,28 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
     return out
 
 
-def _reshared(cand: Candidate, shares: tuple[float, ...], cluster: Cluster, optimizer) -> Candidate | None:
+def _reshared(cand: Candidate, shares: tuple[float, ...], cluster: Cluster, optimizer,
+              prices: SimulationCache | None = None) -> Candidate | None:
     """``cand``'s program with the same steps at other shares, simulated (None for a baseline,
     which has no search result to rebuild from)."""
     if cand.search is None or cand.space is None:
         return None
-    prog = to_program(cand.space, cand.search, shares)
-    return Candidate(cand.name, prog, simulate(prog, cluster, optimizer=optimizer), cand.search, cand.space)
+    prog = with_shares(cand.program, shares)        # what to_program(space, search, shares) builds
+    return Candidate(cand.name, prog, simulate(prog, cluster, optimizer=optimizer, cache=prices), cand.search,
+                     cand.space)
 
 
 def _better(a: Candidate, b: Candidate) -> bool:
-    """Fitting beats not fitting; then faster wins; ties keep the earlier one."""
+    """Fitting beats not fitting; then faster wins; ties keep the earlier one.
+
+    A program no faster than one that fits loses whether it fits or not, so its memory is
+    not asked for (the simulator works it out only on demand)."""
+    faster = a.seconds < b.seconds * (1 - 1e-9)
+    if not faster and b.fits:
+        return False
     if a.fits != b.fits:
         return a.fits
-    return a.seconds < b.seconds * (1 - 1e-9)
+    return faster
 
 
 def _same(a: Sequence[float], b: Sequence[float]) -> bool:

@@ -44,3 +44,33 @@ def load_model():
         return load_model_file(path)
 
     return load
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_trace_cache(tmp_path_factory):
+    """``hapc compile`` in tests (and the subprocesses they start) keep their trace cache
+    (hapc.tracecache) in a folder of this session, never in the user's ``~/.cache``."""
+    import os
+
+    saved = os.environ.get("HAPC_CACHE_DIR")
+    os.environ["HAPC_CACHE_DIR"] = str(tmp_path_factory.mktemp("trace-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("HAPC_CACHE_DIR", None)
+    else:
+        os.environ["HAPC_CACHE_DIR"] = saved
+
+
+@pytest.fixture(autouse=True)
+def _forget_modules_from_temporary_folders(tmp_path_factory):
+    """After each test, unload the modules it imported from pytest's temporary folders (model
+    files and helpers written by the test). Left loaded, they are stale once another test
+    rewrites a file at the same place, and the trace cache (rightly) refuses to stamp a trace
+    made in a process holding a module edited after it was loaded: one test's leftovers would
+    change what the next test's ``hapc compile`` prints and caches."""
+    yield
+    base = str(tmp_path_factory.getbasetemp())
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str) and file.startswith(base):
+            del sys.modules[name]

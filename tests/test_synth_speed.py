@@ -69,15 +69,23 @@ def test_search_spaces_of_one_graph_share_its_structure():
     assert _build(other).live is not a.live
 
 
-def test_segments_that_run_out_of_states_are_beamed_in_later_searches_of_the_graph():
+def test_segments_that_run_out_of_states_are_remembered_for_later_searches_of_the_graph(monkeypatch):
+    """They are eliminated exactly (synth/elimination.py) without the A* trying them again,
+    or beamed, and the plan marked inexact, where the elimination would be too wide."""
+    from synth import elimination
+
     graph = _traced(Chain(depth=4, width=12), torch.randn(6, 12), torch.randn(6, 12)).graph
     first = Searcher(_build(graph))
     first.segment_budget = 0
-    assert not first.run().exact
+    assert first.run().exact
     later = _build(graph)
     assert later.hard_segments                     # remembered for the graph on this cluster
-    result = search(later)
+    searcher = Searcher(later)
+    assert searcher.run().exact and searcher.expanded == 0
+    monkeypatch.setattr(elimination, "MAX_TABLE_ENTRIES", 1)
+    result = search(_build(graph))
     assert not result.exact and result.cost_seconds > 0
+    monkeypatch.undo()
     elsewhere = _build(graph, cluster=load_cluster(THREE_UNEVEN))    # another cluster object
     assert not elsewhere.hard_segments and search(elsewhere).exact
 
@@ -180,3 +188,51 @@ def test_data_parallel_baselines_are_propagated_once_with_the_same_result():
         assert shared[name].source_layouts == alone.source_layouts
         assert [repr(s) for s in shared[name].steps] == [repr(s) for s in alone.steps]
     assert shared["dp-even"].shares != shared["dp-flops"].shares
+
+
+def test_the_loops_shortcuts_find_what_the_plain_loop_finds(monkeypatch):
+    """Prices shared between simulations (costmodel.simcache), memory made only for programs
+    that could win, and baselines propagated once per repeated situation: the same plan, the
+    same baselines and the same numbers as the plain loop, to the last bit."""
+    import costmodel.simulator as simulator_module
+    import synth.baselines as baselines_module
+    import synth.synthesize as synthesize_module
+    from synth.builder import propagate
+    from tests.costmodel.test_cm_simcache import _Uncached
+
+    graph = _traced(Chain(depth=4, width=12), torch.randn(6, 12), torch.randn(6, 12)).graph
+
+    def outcome(syn):
+        best = syn.best
+        return (best.name, [repr(s) for s in best.program.steps], best.program.shares, best.sim.to_dict(),
+                {k: c.sim.to_dict() for k, c in syn.baselines.items()}, syn.rounds)
+
+    fast = outcome(synthesize_module.synthesize_program(graph, _CLUSTER))
+    monkeypatch.setattr(simulator_module, "SimulationCache", _Uncached)
+    monkeypatch.setattr(synthesize_module, "SimulationCache", _Uncached)
+    monkeypatch.setattr(baselines_module, "propagate",
+                        lambda *a, situation=None, **k: propagate(*a, **k))
+    assert outcome(synthesize_module.synthesize_program(graph, _CLUSTER)) == fast
+
+
+def test_better_asks_a_slower_program_nothing_about_memory():
+    """_better() equals 'fitting first, then faster' on every case, and never makes the memory
+    report of a program no faster than a fitting incumbent (it loses either way)."""
+    from itertools import product
+
+    from synth.synthesize import _better
+
+    class _Sim:
+        def __init__(self, seconds, fits):
+            self.iteration_seconds, self._fits, self.asked = seconds, fits, False
+
+        @property
+        def memory(self):
+            self.asked = True
+            return type("Report", (), {"all_fit": self._fits})()
+
+    for (ta, fa), (tb, fb) in product(product((1.0, 2.0), (True, False)), repeat=2):
+        a, b = Candidate("a", None, _Sim(ta, fa)), Candidate("b", None, _Sim(tb, fb))
+        plain = fa if fa != fb else ta < tb * (1 - 1e-9)
+        assert _better(a, b) == plain
+        assert not (a.sim.asked and fb and ta >= tb)

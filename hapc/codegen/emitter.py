@@ -16,12 +16,16 @@ the plan pasted in as data and one function:
 
 Beside it go a copy of the model file and copies of :mod:`hapc.runtime.local_ops` and
 :mod:`hapc.runtime.collectives`, so the directory runs anywhere torch does.
+
+Writing the program never imports torch (nor the runtime, which does): what it needs from
+torch was recorded in the graph at trace time (:mod:`hapc.torchfacts`), and what it needs from
+the runtime is read from the runtime's source (:mod:`hapc.codegen.runtime_facts`). Only a
+plan's lifted constants, when given, load torch to be saved.
 """
 
 from __future__ import annotations
 
 import ast
-import inspect
 import keyword
 import math
 import os
@@ -30,27 +34,25 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from costmodel.simulator import factor_synced_params
-from hapc.codegen import by_block
+from hapc.codegen import by_block, runtime_facts
 from hapc.codegen.blocks import Block, find_blocks
 from hapc.codegen.indexed import literal, render_dict, render_tuple
 from hapc.ir.graph import Node, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute, empty_ranks
-from hapc.runtime import collectives as collectives_module
-from hapc.runtime import local_ops as local_ops_module
+from hapc.torchfacts import Facts
 
 SKELETON = Path(__file__).with_name("skeleton.py")
-# Copied, not imported: importing it would load torch.distributed.checkpoint into every compile.
-CHECKPOINT_RUNTIME = Path(__file__).parent.parent / "runtime" / "checkpoint.py"
-TIMINGS_RUNTIME = Path(__file__).parent.parent / "runtime" / "timings.py"
+# The runtime beside the program: copied, never imported (each imports torch).
+RUNTIME_FILES = {"hapc_local_ops.py": runtime_facts.LOCAL_OPS, "hapc_collectives.py": runtime_facts.COLLECTIVES,
+                 "hapc_checkpoint.py": runtime_facts.CHECKPOINT,   # --save/--load
+                 "hapc_timings.py": runtime_facts.TIMINGS}         # --timings
 BEGIN = "# ==== generated: tables and forward (begin) ===="
 END = "# ==== generated: tables and forward (end) ===="
 OPTIMIZERS = ("adamw", "adam", "sgd")
 # Names the generated forward uses for itself; values never take them.
-HIER = collectives_module.HIERARCHICAL
+HIER = runtime_facts.hierarchical()
 RESERVED = {"rt", "v", "aten", "torch", "math", "L", "C", "M", "forward", "nodes", "params", "Any"}
 BLOCK_FUNCTION = re.compile(r"block_\d+")     # names of the block functions (hapc.codegen.by_block)
 
@@ -77,16 +79,16 @@ def emit(program: DistProgram, model_file: str, out_dir: str, *, model_kwargs: d
         model_name = "model.py"
     if Path(model_file).resolve() != (out / model_name).resolve():
         shutil.copyfile(model_file, out / model_name)
-    shutil.copyfile(inspect.getsourcefile(local_ops_module), out / "hapc_local_ops.py")
-    shutil.copyfile(inspect.getsourcefile(collectives_module), out / "hapc_collectives.py")
-    shutil.copyfile(CHECKPOINT_RUNTIME, out / "hapc_checkpoint.py")   # --save/--load
-    shutil.copyfile(TIMINGS_RUNTIME, out / "hapc_timings.py")           # --timings
+    for name, source in RUNTIME_FILES.items():
+        shutil.copyfile(source, out / name)
     graph = program.graph
     used_constants = {graph.values[n].target for n in graph.values if graph.values[n].kind == "constant"}
     # A constant traced on the meta device has no data (Falcon's ``x[..., [-2], :]`` index
     # list): it is left out, and each rank re-derives it from its real module at start-up.
     with_data = {k: t for k, t in (constants or {}).items() if k in used_constants and not t.is_meta}
     if with_data:
+        import torch        # the constants are tensors: torch is loaded already
+
         torch.save(with_data, out / "constants.pt")
     else:
         (out / "constants.pt").unlink(missing_ok=True)     # never another plan's constants
@@ -328,9 +330,10 @@ def _step_lines(program: DistProgram, steps: list, names: _Names, cluster: Any, 
 
 def _compute(program: DistProgram, node: Node, step: Compute, names: _Names, ctx: Any = None) -> list[str]:
     strat = step.strategy
+    facts = Facts(program.graph)
     reads = iter(step.inputs)
-    args = [_literal(a, reads, names) for a in node.args]
-    kwargs = [f"{k}={_literal(a, reads, names)}" for k, a in node.kwargs.items()]
+    args = [_literal(a, reads, names, facts) for a in node.args]
+    kwargs = [f"{k}={_literal(a, reads, names, facts)}" for k, a in node.kwargs.items()]
     outs = [names[o] for o in node.outputs]
     layouts = ", ".join(map(repr, strat.outputs))
     if strat.local == "linear_sfb":
@@ -340,13 +343,12 @@ def _compute(program: DistProgram, node: Node, step: Compute, names: _Names, ctx
         note = f"   # -> {layouts}, weight gradient from gathered factors (no all-reduce)"
     elif strat.local is None:
         call = f"{_op_expr(node.op)}({', '.join(args + kwargs)})"
-        lhs = _unpack(node.op, outs)
+        lhs = _unpack(facts.op_results(node.op), outs)
         note = f"   # -> {layouts}" if not strat.is_replicated else ""
     else:
-        fn = local_ops_module.LOCAL_OPS[strat.local]
         made = ctx(node.name) if ctx is not None else f"rt.ctx({node.name!r})"
         call = f"L.{strat.local}({', '.join([made] + args + kwargs)})"
-        if inspect.isgeneratorfunction(fn):
+        if runtime_facts.is_generator_local_op(strat.local):
             call = f"rt.drive({call})"
         lhs = outs[0] if len(outs) == 1 else ", ".join(outs)
         note = f"   # {node.op} -> {layouts}"
@@ -368,28 +370,15 @@ def _compute(program: DistProgram, node: Node, step: Compute, names: _Names, ctx
     return lines
 
 
-def _unpack(op: str, outs: list[str]) -> str:
-    """Assignment target for an aten op: one name, or the first ``len(outs)`` of its results."""
-    returns = _returns(op)
+def _unpack(returns: int | None, outs: list[str]) -> str:
+    """Assignment target for an op returning ``returns`` results (None: a list): one name, or
+    the first ``len(outs)`` of its results."""
     if len(outs) == 1 and returns == 1:
         return outs[0]
     if returns is not None and returns == len(outs):
         return ", ".join(outs)
     # A list result (split) or a prefix of several results.
     return f"{', '.join(outs)}, *_"
-
-
-def _returns(op: str) -> int | None:
-    """How many results an aten overload returns (a ``Tensor[]`` counts as many)."""
-    try:
-        ns, packet, overload = op.split(".", 2)
-        schema = getattr(getattr(getattr(torch.ops, ns), packet), overload)._schema
-    except (AttributeError, ValueError, RuntimeError):
-        return None
-    rets = schema.returns
-    if len(rets) == 1 and "[]" in str(rets[0].type):
-        return None
-    return len(rets)
 
 
 def _op_expr(op: str) -> str:
@@ -401,15 +390,15 @@ def _op_expr(op: str) -> str:
     return f"torch.ops.{op}"
 
 
-def _literal(a: Any, reads, names: _Names) -> str:
+def _literal(a: Any, reads, names: _Names, facts: Facts) -> str:
     """A traced argument as Python source: value names for tensors, constants as themselves
     (dtype strings become torch dtypes, traced devices become this run's device)."""
     if isinstance(a, Ref):
         return names[next(reads)]
     if isinstance(a, list):
-        return "[" + ", ".join(_literal(x, reads, names) for x in a) + "]"
+        return "[" + ", ".join(_literal(x, reads, names, facts) for x in a) + "]"
     if isinstance(a, tuple):
-        inner = ", ".join(_literal(x, reads, names) for x in a)
+        inner = ", ".join(_literal(x, reads, names, facts) for x in a)
         return f"({inner},)" if len(a) == 1 else f"({inner})"
     if isinstance(a, float):
         if math.isnan(a):
@@ -418,10 +407,9 @@ def _literal(a: Any, reads, names: _Names) -> str:
             return "math.inf" if a > 0 else "-math.inf"
         return repr(a)
     if isinstance(a, str):
-        if hasattr(torch, a) and isinstance(getattr(torch, a), torch.dtype):
-            return f"torch.{a}"
-        if a.startswith("torch.") and hasattr(torch, a.removeprefix("torch.")):
-            return a
+        named = facts.torch_name(a)
+        if named is not None:
+            return named
         if a.split(":")[0] in ("cpu", "cuda", "meta"):
             return "rt.device"
         return repr(a)
@@ -433,7 +421,7 @@ def _redistribute(program: DistProgram, step: Redistribute, names: _Names, clust
     x, y = names[step.src], names[step.out]
     what = f"{step.src}: {src!r} -> {dst!r}"
     method = _method(program, step, cluster)
-    form = collectives_module.method_of(method)
+    form = runtime_facts.method_of(method)
     if src == dst:
         return [f"    {y} = {x}   # {what}, nothing moves"]
     if isinstance(src, Shard) and isinstance(dst, Replicate):
@@ -473,8 +461,8 @@ def _method(program: DistProgram, step: Redistribute, cluster: Any) -> str:
 
 
 def _uses_hierarchical(program: DistProgram, cluster: Any) -> bool:
-    return any(isinstance(s, Redistribute) and collectives_module.method_of(_method(program, s, cluster))
-               == collectives_module.HIERARCHICAL for s in program.steps)
+    return any(isinstance(s, Redistribute) and runtime_facts.method_of(_method(program, s, cluster)) == HIER
+               for s in program.steps)
 
 
 # ---- docstring -------------------------------------------------------------------------------

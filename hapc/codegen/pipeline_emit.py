@@ -23,7 +23,6 @@ whole (see :mod:`hapc.runtime.pipeline` for the layouts at a cut).
 from __future__ import annotations
 
 import ast
-import inspect
 import os
 import shutil
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from hapc.errors import UserError
 from hapc.ir.graph import Graph
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute
-from hapc.runtime import pipeline as pipeline_runtime
+from hapc.codegen import runtime_facts
 
 if TYPE_CHECKING:
     from hapc.plan import Plan
@@ -354,7 +353,7 @@ def _stage_table(k: int, code: _StageCode, crossing: list[list[str]], codes: lis
         send = tuple(spec(b) + ((_layout_code(layouts[b]) if producer[b] >= code.first else "pass"),)
                      for b in crossing[k + 1])
     needs = {n: (b, _layout_code(layouts[n])) for n, b in code.needs.items()}
-    hierarchical = any(emitter.collectives_module.method_of(emitter._method(program, s, code.cluster))
+    hierarchical = any(runtime_facts.method_of(emitter._method(program, s, code.cluster))
                        == emitter.HIER for s in code.steps if isinstance(s, Redistribute))
     first_name, last_name = graph.nodes[code.first].name, graph.nodes[code.stop - 1].name
     fields = {
@@ -449,11 +448,8 @@ def _copy_files(model_file: str, out: Path, graph: Graph, constants: dict | None
         model_name = "model.py"
     if Path(model_file).resolve() != (out / model_name).resolve():
         shutil.copyfile(model_file, out / model_name)
-    shutil.copyfile(inspect.getsourcefile(emitter.local_ops_module), out / "hapc_local_ops.py")
-    shutil.copyfile(inspect.getsourcefile(emitter.collectives_module), out / "hapc_collectives.py")
-    shutil.copyfile(inspect.getsourcefile(pipeline_runtime), out / "hapc_pipeline.py")
-    shutil.copyfile(emitter.CHECKPOINT_RUNTIME, out / "hapc_checkpoint.py")
-    shutil.copyfile(emitter.TIMINGS_RUNTIME, out / "hapc_timings.py")
+    for name, source in {**emitter.RUNTIME_FILES, "hapc_pipeline.py": runtime_facts.PIPELINE}.items():
+        shutil.copyfile(source, out / name)
     used = {graph.values[n].target for n in graph.values if graph.values[n].kind == "constant"}
     with_data = {k: t for k, t in (constants or {}).items() if k in used and not t.is_meta}
     if with_data:

@@ -1,6 +1,6 @@
 """The instruction IR (traced graph), tensor layouts and shard arithmetic: the bottom layer."""
 
-from hapc.ir.graph import Arg, Cost, Graph, Node, Ref, SourceLoc, TensorMeta, Value
+from hapc.ir.graph import Arg, Cost, Graph, Node, Ref, SourceLoc, TensorMeta, TorchFacts, Value
 from hapc.ir.layout import Layout, P, Partial, R, Replicate, Shard, grad_layout, parse_layout
 from hapc.ir.shards import largest_remainder, offsets, shard_lengths
 
@@ -18,6 +18,7 @@ __all__ = [
     "Shard",
     "SourceLoc",
     "TensorMeta",
+    "TorchFacts",
     "Value",
     "grad_layout",
     "largest_remainder",

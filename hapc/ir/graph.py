@@ -125,6 +125,31 @@ def _iter_refs(obj: Any) -> Iterator[Ref]:
 
 
 @dataclass
+class TorchFacts:
+    """What writing a program needs to know about torch, recorded while torch is loaded (at
+    trace time, :mod:`hapc.torchfacts`) so that emitting a program from a plan never imports
+    it (``hapc replan``, a cached trace: torch's import alone is seconds).
+
+    Kept out of :meth:`Graph.to_json` (and so out of the graph's hash): they describe the torch
+    that traced the graph, not the model."""
+
+    # aten overload -> how many results its schema returns; None for a ``Tensor[]`` (a list of
+    # any length) or an op torch could not resolve.
+    op_results: dict[str, int | None] = field(default_factory=dict)
+    # Every string constant among the nodes' arguments -> the torch object it names, as code
+    # (``"float32"`` -> ``"torch.float32"``, ``"torch.strided"`` as itself), or None for a plain string.
+    torch_names: dict[str, str | None] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"op_results": dict(sorted(self.op_results.items())),
+                "torch_names": dict(sorted(self.torch_names.items()))}
+
+    @staticmethod
+    def from_dict(d: dict) -> TorchFacts:
+        return TorchFacts(dict(d.get("op_results", {})), dict(d.get("torch_names", {})))
+
+
+@dataclass
 class Graph:
     values: dict[str, Value]
     nodes: list[Node]
@@ -133,6 +158,7 @@ class Graph:
     buffers: list[str]
     output: str                # the scalar loss
     unsupported: dict[str, list[str]] = field(default_factory=dict)  # op -> source lines
+    torch_facts: TorchFacts | None = None      # None: not recorded (a graph built by hand)
 
     def meta(self, name: str) -> TensorMeta:
         return self.values[name].meta
@@ -183,6 +209,8 @@ class Graph:
                         for n in self.nodes if n.source is not None}
         d["mutates"] = {n.name: n.mutates for n in self.nodes if n.mutates}
         d["unsupported"] = self.unsupported
+        if self.torch_facts is not None:
+            d["torch_facts"] = self.torch_facts.to_dict()
         return d
 
     @staticmethod
@@ -198,13 +226,13 @@ class Graph:
                               {k: _from_jsonable(v) for k, v in kwargs.items()}, tuple(outs),
                               Cost(*costs[name]) if name in costs else Cost(),
                               SourceLoc(*src) if src else None, mutates.get(name)))
+        facts = TorchFacts.from_dict(d["torch_facts"]) if "torch_facts" in d else None
         return Graph(values, nodes, list(d["inputs"]), list(d["params"]), list(d["buffers"]), d["output"],
-                     dict(d.get("unsupported", {})))
+                     dict(d.get("unsupported", {})), facts)
 
     def hash(self) -> str:
         """Stable across runs and processes: depends only on structure, shapes and dtypes."""
-        blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return hash_of_json(self.to_json())
 
     def ops(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -215,6 +243,17 @@ class Graph:
     def __repr__(self) -> str:
         return (f"Graph({len(self.nodes)} nodes, {len(self.params)} params, "
                 f"{len(self.inputs)} inputs, hash={self.hash()})")
+
+
+# The entries of Graph.to_json (a subset of Graph.to_dict's).
+JSON_KEYS = ("values", "nodes", "inputs", "params", "buffers", "output")
+
+
+def hash_of_json(d: dict) -> str:
+    """:meth:`Graph.hash` from the graph's :meth:`~Graph.to_json` or :meth:`~Graph.to_dict`
+    form, for a caller that has one already (plan.json holds both the graph and its hash)."""
+    blob = json.dumps({k: d[k] for k in JSON_KEYS}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _jsonable(obj: Any) -> Any:

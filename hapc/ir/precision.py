@@ -107,7 +107,7 @@ def autocast_graph(graph: Graph, precision: str) -> Graph:
         nodes.append(Node(node.name, node.op, node.args, node.kwargs, node.outputs, cost, node.source,
                           node.mutates))
     return Graph(values, nodes, list(graph.inputs), list(graph.params), list(graph.buffers), graph.output,
-                 dict(graph.unsupported))
+                 dict(graph.unsupported), graph.torch_facts)
 
 
 def _base(op: str) -> str:

@@ -109,36 +109,41 @@ class DistProgram:
 
         All dimensions sharded within one strategy hold corresponding pieces on each rank, so
         they must be cut into the same number of blocks: the gcd of their lengths. The classes
-        are found with union-find over (value, dim) pairs.
+        are found by merging (value, dim) pairs' member lists, the smaller into the larger (a
+        program links thousands of pairs; this is a third of a parent-pointer union-find's
+        time in Python).
         """
         if self._blocks is not None:
             return self._blocks
-        parent: dict[tuple[str, int], tuple[str, int]] = {}
-
-        def find(x):
-            parent.setdefault(x, x)
-            while parent[x] != x:
-                parent[x] = parent[parent[x]]
-                x = parent[x]
-            return x
+        group_of: dict[tuple[str, int], list[tuple[str, int]]] = {}   # pair -> its class's members
 
         def link(keys):
-            keys = list(keys)
+            group = None
             for k in keys:
-                find(k)
-            for a, b in zip(keys, keys[1:]):
-                parent[find(a)] = find(b)
+                members = group_of.get(k)
+                if members is None:
+                    if group is None:
+                        group = []
+                    group.append(k)
+                    group_of[k] = group
+                elif group is None:
+                    group = members
+                elif members is not group:
+                    if len(members) > len(group):
+                        group, members = members, group
+                    for m in members:
+                        group_of[m] = group
+                    group.extend(members)
 
-        nodes = {n.name: n for n in self.graph.nodes}
+        outputs = {n.name: n.outputs for n in self.graph.nodes}
         for name, lay in self.source_layouts.items():
             if isinstance(lay, Shard):
                 link([(name, self._dim(name, lay.dim))])
         for step in self.steps:
             if isinstance(step, Compute):
-                node = nodes[step.node]
                 keys = [(v, self._dim(v, lay.dim)) for v, lay in zip(step.inputs, step.strategy.inputs)
                         if isinstance(lay, Shard)]
-                keys += [(v, self._dim(v, lay.dim)) for v, lay in zip(node.outputs, step.strategy.outputs)
+                keys += [(v, self._dim(v, lay.dim)) for v, lay in zip(outputs[step.node], step.strategy.outputs)
                          if isinstance(lay, Shard)]
                 link(keys)
             else:
@@ -149,12 +154,11 @@ class DistProgram:
                     # A layout-preserving move (e.g. a copy between groups) keeps the pieces.
                     link([(step.src, self._dim(step.src, step.src_layout.dim)),
                           (step.out, self._dim(step.out, step.dst_layout.dim))])
-        sizes: dict[tuple[str, int], int] = {}
-        for key in parent:
-            root = find(key)
-            length = self.shape(key[0])[key[1]]
-            sizes[root] = gcd(sizes.get(root, 0), length)
-        self._blocks = {key: sizes[find(key)] for key in parent}
+        sizes: dict[int, int] = {}          # id of a class's member list -> its block count
+        for key, group in group_of.items():
+            if id(group) not in sizes:
+                sizes[id(group)] = gcd(*(self.shape(v)[d] for v, d in group))
+        self._blocks = {key: sizes[id(group)] for key, group in group_of.items()}
         return self._blocks
 
     def _dim(self, value: str, dim: int) -> int:
