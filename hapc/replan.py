@@ -82,7 +82,7 @@ class Replanned:
     kept_program: bool             # the old program, re-balanced, won
     effort: str                    # what ran: "quick", "search" or "full" (see replan)
     seconds: float                 # wall time of the replan (loaded machines: see the report)
-    old_cost_seconds: float        # the old plan's predicted iteration time on its own cluster
+    old_cost_seconds: float        # the old plan's predicted iteration time on its own cluster (as plan.json recorded it)
     carried_cost_seconds: float    # the old program on the new cluster, re-balanced when it led (inf: did not fit)
     carried_cost_is_floor: bool = False  # not simulated: carried_cost_seconds is its collectives' floor
     simulations: int = 0           # of whole programs, by this replan (children's included, the full effort's not)
@@ -301,7 +301,7 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
     try:
         floor = blocking_comm_floor_seconds(kept_program, cluster)
         if effort == "auto":
-            expected = old.cost * _total_flops(old.cluster) / _total_flops(cluster)
+            expected = old.recorded_seconds * _total_flops(old.cluster) / _total_flops(cluster)
             if floor > expected * (1 + DEGRADED):
                 effort = "search"
                 say(f"the old program lost more than the devices did (its collectives alone take "
@@ -357,7 +357,7 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
     plan = Plan(chosen.program, cluster, chosen.simulation(), name, baselines, info, dict(old.model))
     # The old program's time on the new cluster: re-balanced when it led, a floor when it was not simulated.
     carried = min(_carried(c) for c in (kept, candidates.get("kept")) if c is not None) if kept is not None else floor
-    return Replanned(plan, chosen.name == "kept", effort, time.perf_counter() - started, old.cost, carried,
+    return Replanned(plan, chosen.name == "kept", effort, time.perf_counter() - started, old.recorded_seconds, carried,
                      carried_cost_is_floor=kept is None, simulations=counts.simulations,
                      searches=counts.searches, share_lps=counts.share_lps)
 
