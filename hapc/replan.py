@@ -51,6 +51,7 @@ import numpy as np
 
 from costmodel.cluster import Cluster
 from costmodel.comm_floor import blocking_comm_floor_seconds
+from costmodel.simcache import SimulationCache
 from costmodel.simulator import SimResult, simulate
 from hapc.errors import UserError
 from hapc.forked import Beside
@@ -59,7 +60,7 @@ from hapc.ir.program import DistProgram
 from hapc.plan import Plan
 from synth import lp_highspy
 from synth.costs import Prices
-from synth.loads import share_problem
+from synth.loads import share_problem, with_shares
 from synth.ratios import MemoryInfeasible, solve_shares
 from synth.search import SearchResult, search, to_program
 from synth.space import SearchSpace
@@ -113,18 +114,30 @@ def rebalance(program: DistProgram, shares: Sequence[float], cluster: Cluster,
     when those simulate faster), and its simulation. ``start_sim`` is ``program``'s
     simulation at ``shares`` when the caller has it. Raises MemoryInfeasible when it cannot
     fit at any shares."""
-    start = DistProgram(program.graph, tuple(shares), dict(program.source_layouts), list(program.steps))
+    start = with_shares(program, shares)
     if start_sim is None:
-        start_sim = simulate(start, cluster, optimizer=optimizer)
+        start_sim = _simulate(start, cluster, optimizer)
     solution = solve_shares(share_problem(start, start_sim, cluster, optimizer), _lp_backend())
     solved = tuple(float(x) for x in np.asarray(solution.shares).reshape(-1)[:cluster.world])
-    moved = DistProgram(program.graph, solved, dict(program.source_layouts), list(program.steps))
-    sim = simulate(moved, cluster, optimizer=optimizer)
+    moved = with_shares(program, solved)
+    sim = _simulate(moved, cluster, optimizer)
     if _faster(start_sim, sim):
         moved, sim = start, start_sim
     if not sim.memory.all_fit:
         raise MemoryInfeasible("the program does not fit on the new cluster", {})
     return moved, sim
+
+
+# The prices of the last (graph, cluster) simulated: a replan's simulations (and its child's,
+# which inherits them) share one graph and one cluster, so they share node times and
+# collective prices (costmodel.simcache: the same floats, bit for bit).
+_PRICES: list[SimulationCache] = []
+
+
+def _simulate(program: DistProgram, cluster: Cluster, optimizer: str) -> SimResult:
+    if not (_PRICES and _PRICES[0].serves(program.graph, cluster)):
+        _PRICES[:] = [SimulationCache(program.graph, cluster)]
+    return simulate(program, cluster, optimizer=optimizer, cache=_PRICES[0])
 
 
 @functools.cache
@@ -156,7 +169,7 @@ def searched(graph: Graph, shares: Sequence[float], cluster: Cluster, optimizer:
     space = SearchSpace.build(graph, Prices(graph, cluster, tuple(shares), grad_sync_overlap=overlap))
     result = search(space)
     program = to_program(space, result, tuple(shares))
-    return program, simulate(program, cluster, optimizer=optimizer), result
+    return program, _simulate(program, cluster, optimizer), result
 
 
 @dataclass
@@ -369,7 +382,7 @@ def _carried(kept: _Candidate) -> float:
 
 def _simulate_kept(program: DistProgram, cluster: Cluster, optimizer: str, shares: Sequence[float],
                    counts: _Counts, say: Progress) -> _Candidate:
-    sim = simulate(program, cluster, optimizer=optimizer)
+    sim = _simulate(program, cluster, optimizer)
     counts.simulations += 1
     say(f"the old program at the carried shares: {sim.iteration_seconds * 1e3:.3f} ms/iter, shares "
         + "/".join(f"{x:.3f}" for x in shares))
@@ -419,7 +432,7 @@ def _search_round(round_: _SearchRound, kept: _Candidate | None, kept_program: D
     best = first
     def simulate_here(program: DistProgram) -> SimResult:
         counts.simulations += 1
-        return simulate(program, cluster, optimizer=optimizer)
+        return _simulate(program, cluster, optimizer)
 
     for overlap, cand in zip(SEARCH_OVERLAPS[1:], round_.others(simulate_here)):
         counts.searches += 1
