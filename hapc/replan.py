@@ -30,7 +30,7 @@ are most of what is left, so a replan avoids them where a cheaper fact decides:
   and 681 searched);
 * the second overlap's search runs in a forked child when a core is spare
   (:mod:`hapc.forked`), and meanwhile this process re-balances the first search's program,
-  which usually leads; the child sends back its program's time and fit, not its simulation;
+  which usually leads; the child sends back its program and its time, not its simulation;
 * whether a program fits is asked only of one that could win on time.
 
 That search replan runs two searches and three simulations (the first search's program, the
@@ -51,6 +51,7 @@ import numpy as np
 
 from costmodel.cluster import Cluster
 from costmodel.comm_floor import blocking_comm_floor_seconds
+from costmodel.simcache import SimulationCache
 from costmodel.simulator import SimResult, simulate
 from hapc.errors import UserError
 from hapc.forked import Beside
@@ -59,7 +60,7 @@ from hapc.ir.program import DistProgram
 from hapc.plan import Plan
 from synth import lp_highspy
 from synth.costs import Prices
-from synth.loads import share_problem
+from synth.loads import share_problem, with_shares
 from synth.ratios import MemoryInfeasible, solve_shares
 from synth.search import SearchResult, search, to_program
 from synth.space import SearchSpace
@@ -82,7 +83,7 @@ class Replanned:
     kept_program: bool             # the old program, re-balanced, won
     effort: str                    # what ran: "quick", "search" or "full" (see replan)
     seconds: float                 # wall time of the replan (loaded machines: see the report)
-    old_cost_seconds: float        # the old plan's predicted iteration time on its own cluster
+    old_cost_seconds: float        # the old plan's predicted iteration time on its own cluster (as plan.json recorded it)
     carried_cost_seconds: float    # the old program on the new cluster, re-balanced when it led (inf: did not fit)
     carried_cost_is_floor: bool = False  # not simulated: carried_cost_seconds is its collectives' floor
     simulations: int = 0           # of whole programs, by this replan (children's included, the full effort's not)
@@ -113,18 +114,30 @@ def rebalance(program: DistProgram, shares: Sequence[float], cluster: Cluster,
     when those simulate faster), and its simulation. ``start_sim`` is ``program``'s
     simulation at ``shares`` when the caller has it. Raises MemoryInfeasible when it cannot
     fit at any shares."""
-    start = DistProgram(program.graph, tuple(shares), dict(program.source_layouts), list(program.steps))
+    start = with_shares(program, shares)
     if start_sim is None:
-        start_sim = simulate(start, cluster, optimizer=optimizer)
+        start_sim = _simulate(start, cluster, optimizer)
     solution = solve_shares(share_problem(start, start_sim, cluster, optimizer), _lp_backend())
     solved = tuple(float(x) for x in np.asarray(solution.shares).reshape(-1)[:cluster.world])
-    moved = DistProgram(program.graph, solved, dict(program.source_layouts), list(program.steps))
-    sim = simulate(moved, cluster, optimizer=optimizer)
+    moved = with_shares(program, solved)
+    sim = _simulate(moved, cluster, optimizer)
     if _faster(start_sim, sim):
         moved, sim = start, start_sim
     if not sim.memory.all_fit:
         raise MemoryInfeasible("the program does not fit on the new cluster", {})
     return moved, sim
+
+
+# The prices of the last (graph, cluster) simulated: a replan's simulations (and its child's,
+# which inherits them) share one graph and one cluster, so they share node times and
+# collective prices (costmodel.simcache: the same floats, bit for bit).
+_PRICES: list[SimulationCache] = []
+
+
+def _simulate(program: DistProgram, cluster: Cluster, optimizer: str) -> SimResult:
+    if not (_PRICES and _PRICES[0].serves(program.graph, cluster)):
+        _PRICES[:] = [SimulationCache(program.graph, cluster)]
+    return simulate(program, cluster, optimizer=optimizer, cache=_PRICES[0])
 
 
 @functools.cache
@@ -156,13 +169,13 @@ def searched(graph: Graph, shares: Sequence[float], cluster: Cluster, optimizer:
     space = SearchSpace.build(graph, Prices(graph, cluster, tuple(shares), grad_sync_overlap=overlap))
     result = search(space)
     program = to_program(space, result, tuple(shares))
-    return program, simulate(program, cluster, optimizer=optimizer), result
+    return program, _simulate(program, cluster, optimizer), result
 
 
 @dataclass
 class _Candidate:
     """A program competing to be the new plan, with its simulation at the carried shares
-    (``sim`` is None for one searched in a child, which sends back only its time and fit).
+    (``sim`` is None for one searched in a child, which sends back only its time).
 
     Whether it fits is asked only when it matters: a program no faster than one that fits
     loses either way, and the memory model is a good part of a simulation."""
@@ -224,7 +237,7 @@ class _SearchRound:
     the first start at once in forked children when there is a spare core (see hapc.forked),
     before the caller knows whether it will want them: ``auto`` may decide from a simulation
     of the old program, which then runs beside them instead of before; :meth:`cancel` stops
-    them when the answer is no. What crosses the pipe is a program's steps, its time and fit
+    them when the answer is no. What crosses the pipe is a program's steps, its time
     and the search's figures: not the graph, and not the simulation (its timeline and memory
     report are only needed for the candidate that leads, which is simulated again here)."""
 
@@ -301,7 +314,7 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
     try:
         floor = blocking_comm_floor_seconds(kept_program, cluster)
         if effort == "auto":
-            expected = old.cost * _total_flops(old.cluster) / _total_flops(cluster)
+            expected = old.recorded_seconds * _total_flops(old.cluster) / _total_flops(cluster)
             if floor > expected * (1 + DEGRADED):
                 effort = "search"
                 say(f"the old program lost more than the devices did (its collectives alone take "
@@ -357,7 +370,7 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
     plan = Plan(chosen.program, cluster, chosen.simulation(), name, baselines, info, dict(old.model))
     # The old program's time on the new cluster: re-balanced when it led, a floor when it was not simulated.
     carried = min(_carried(c) for c in (kept, candidates.get("kept")) if c is not None) if kept is not None else floor
-    return Replanned(plan, chosen.name == "kept", effort, time.perf_counter() - started, old.cost, carried,
+    return Replanned(plan, chosen.name == "kept", effort, time.perf_counter() - started, old.recorded_seconds, carried,
                      carried_cost_is_floor=kept is None, simulations=counts.simulations,
                      searches=counts.searches, share_lps=counts.share_lps)
 
@@ -369,7 +382,7 @@ def _carried(kept: _Candidate) -> float:
 
 def _simulate_kept(program: DistProgram, cluster: Cluster, optimizer: str, shares: Sequence[float],
                    counts: _Counts, say: Progress) -> _Candidate:
-    sim = simulate(program, cluster, optimizer=optimizer)
+    sim = _simulate(program, cluster, optimizer)
     counts.simulations += 1
     say(f"the old program at the carried shares: {sim.iteration_seconds * 1e3:.3f} ms/iter, shares "
         + "/".join(f"{x:.3f}" for x in shares))
@@ -419,7 +432,7 @@ def _search_round(round_: _SearchRound, kept: _Candidate | None, kept_program: D
     best = first
     def simulate_here(program: DistProgram) -> SimResult:
         counts.simulations += 1
-        return simulate(program, cluster, optimizer=optimizer)
+        return _simulate(program, cluster, optimizer)
 
     for overlap, cand in zip(SEARCH_OVERLAPS[1:], round_.others(simulate_here)):
         counts.searches += 1

@@ -17,7 +17,7 @@ from cm_programs import chain_graph, custom_cluster, zero3  # noqa: E402
 import hapc.replan  # noqa: E402
 from bench.common import HAP8  # noqa: E402
 from bench.golden import MODELS, golden_path  # noqa: E402
-from costmodel.cluster import load_cluster  # noqa: E402
+from costmodel.cluster import Cluster, load_cluster  # noqa: E402
 from costmodel.cluster_edit import without_devices  # noqa: E402
 from costmodel.collectives import KINDS  # noqa: E402
 from costmodel.comm_floor import blocking_comm_floor_seconds  # noqa: E402
@@ -46,7 +46,7 @@ def test_the_floor_is_under_the_simulated_collectives_of_every_golden_program():
     assert positive >= 3
 
 
-def _zero3_onto_a_slow_network() -> tuple[Plan, object, list[int]]:
+def _zero3_onto_a_slow_network() -> tuple[Plan, Cluster, list[int]]:
     """A ZeRO-3 plan (every weight gathered before use) on four devices of one node, and the
     same four devices as two nodes of two over a slow network: the old program's gathers
     alone now outlast what a search finds."""
