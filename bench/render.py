@@ -64,12 +64,31 @@ def _hap_line(syn: dict[str, Any]) -> list[str]:
         return []
     full = sorted(anchored, key=lambda r: r["speedup_vs_hap_synthesize"])
     search = [r["speedup_vs_hap_search"] for r in anchored]
-    met = all(r["speedup_vs_hap_synthesize"] >= 10 for r in anchored)
     return [(f"- **Synthesis vs HAP** (speed-up = HAP's published seconds / hapc's, tracing excluded, "
             f"`{syn.get('cluster')}`): whole synthesize loop {_x(full[0]['speedup_vs_hap_synthesize'])} "
             f"({_label(full[0])}) to {_x(full[-1]['speedup_vs_hap_synthesize'])} ({_label(full[-1])}); "
             f"one search alone {_x(min(search))} to {_x(max(search))}. "
-            f"Target >= 10x for the whole loop: {_verdict(met)}.")]
+            f"Whole-loop targets (issue 13): {_loop_targets(syn.get('depth', []))}.")]
+
+
+# Issue 13's whole-synthesize() budgets, seconds (ViT-24 is HAP's 9.3 s / 10, ViT-48 its 38.1 s / 25).
+LOOP_TARGET_SECONDS = {("vit", 24): 0.93, ("vit", 48): 1.5, ("bert", 24): 0.8, ("moe", 12): 2.0}
+
+
+def _loop_targets(rows: list[Row]) -> str:
+    """Each budget met or not; MoE-12 also needs its plan proven optimal or within a 1% gap."""
+    parts = []
+    for (model, layers), budget in LOOP_TARGET_SECONDS.items():
+        row = _find(rows, model, layers)
+        if row is None:
+            continue
+        ok = row["synthesize_seconds"] <= budget
+        proof = ""
+        if model == "moe":
+            ok = ok and (row.get("plan_exact") or (row.get("plan_gap") or 1.0) < 0.01)
+            proof = ", exact" if row.get("plan_exact") else f", gap {row.get('plan_gap', 0):.1%}"
+        parts.append(f"{model}-{layers} {row['synthesize_seconds']:.2f} s <= {budget:g} s{proof} {_verdict(ok)}")
+    return "; ".join(parts) or "not measured"
 
 
 def _depth_line(syn: dict[str, Any]) -> list[str]:
