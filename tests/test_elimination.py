@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,11 +16,13 @@ from torch import nn
 import hapc
 from costmodel import load_cluster
 from hapc.executor import replicated_program, run
-from hapc.ir.layout import Partial, Replicate
 from synth import elimination
 from synth.costs import Prices
 from synth.search import Searcher, to_program
-from synth.space import FREE, PARAM, SearchSpace
+from synth.space import SearchSpace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_search import _assignment_cost  # noqa: E402  (one plain pricing of an assignment for both files)
 
 TWO_UNEVEN = {"nodes": [{"devices": [{"name": "a", "tflops": 0.3, "memory_GB": 8, "hbm_GBps": 30, "count": 1},
                                      {"name": "b", "tflops": 0.1, "memory_GB": 8, "hbm_GBps": 10, "count": 1}],
@@ -63,30 +67,6 @@ def _eliminated(space: SearchSpace) -> Searcher:
     searcher = Searcher(space)
     searcher.segment_budget = 0
     return searcher
-
-
-def _assignment_cost(space: SearchSpace, searcher: Searcher, options: tuple[int, ...]) -> float:
-    """One complete assignment priced the plain way: walk the nodes, keep every copy made."""
-    held: dict[str, set] = {}
-    cost = 0.0
-    for ns, k in zip(space.nodes, options):
-        strat = ns.options[k]
-        cost += ns.compute_seconds[k]
-        for (value, kind), want in zip(ns.inputs, strat.inputs):
-            if kind == FREE:
-                continue
-            if kind == PARAM:
-                cost += searcher._param_price(value, want)[0]
-                continue
-            if want not in held[value]:
-                v = space.graph.values[value]
-                cost += min(space.prices.move(v.meta, v.requires_grad, src, want).seconds for src in held[value])
-                held[value].add(want)
-        for out, lay in zip(ns.node.outputs, strat.outputs):
-            held[out] = {lay}
-    if not any(isinstance(x, (Replicate, Partial)) for x in held[space.graph.output]):
-        return math.inf
-    return cost
 
 
 def _brute_force(space: SearchSpace) -> float:
