@@ -178,6 +178,19 @@ class SimResult:
 TABLE_ROWS_BEFORE_GROUPING = 32
 
 
+def ahead(a: Any, b: Any) -> bool:
+    """Whether candidate ``a`` beats ``b``: fitting beats not fitting, then the shorter
+    iteration; ties keep ``b`` (the earlier one). Candidates have ``seconds`` and ``fits``
+    (synthesize()'s and replan's do); a program no faster than one that fits loses whether it
+    fits or not, so its ``fits`` (the memory model, worked out on demand) is not asked."""
+    faster = a.seconds < b.seconds * (1 - 1e-9)
+    if not faster and b.fits:
+        return False
+    if a.fits != b.fits:
+        return a.fits
+    return faster
+
+
 class _Clock:
     """Timelines, one per class of alike ranks (:mod:`costmodel.classes`), plus the one
     network channel shared by all collectives."""

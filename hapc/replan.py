@@ -52,7 +52,7 @@ import numpy as np
 from costmodel.cluster import Cluster
 from costmodel.comm_floor import blocking_comm_floor_seconds
 from costmodel.simcache import SimulationCache
-from costmodel.simulator import SimResult, simulate
+from costmodel.simulator import SimResult, ahead, simulate
 from hapc.errors import UserError
 from hapc.forked import Beside
 from hapc.ir.graph import Graph
@@ -207,17 +207,6 @@ class _Candidate:
             assert self.simulate_here is not None
             self.sim = self.simulate_here(self.program)
         return self.sim
-
-
-def _ahead(a: _Candidate, b: _Candidate) -> bool:
-    """:func:`_faster` on candidates: fitting beats not fitting, then the shorter iteration
-    (a program no faster than one that fits loses without asking whether it fits)."""
-    faster = a.seconds < b.seconds * (1 - 1e-9)
-    if not faster and b.fits:
-        return False
-    if a.fits != b.fits:
-        return a.fits
-    return faster
 
 
 def _first(candidates: Sequence[_Candidate]) -> _Candidate:
@@ -438,7 +427,7 @@ def _search_round(round_: _SearchRound, kept: _Candidate | None, kept_program: D
         counts.searches += 1
         counts.simulations += 1
         say(f"search on the new cluster (overlap {overlap:g}): {cand.seconds * 1e3:.3f} ms/iter")
-        if _ahead(cand, best):
+        if ahead(cand, best):
             best = cand
     if kept is None:
         if best.fits and floor > best.seconds * (1 + 1e-9):

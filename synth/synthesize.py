@@ -18,7 +18,7 @@ import numpy as np
 
 from costmodel.cluster import Cluster
 from costmodel.simcache import SimulationCache
-from costmodel.simulator import SimResult, simulate
+from costmodel.simulator import SimResult, ahead, simulate
 from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
 from synth.baselines import BASELINES, baseline_programs
@@ -97,14 +97,14 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
                 prog = to_program(space, result, shares)
                 cand = Candidate("hapc", prog, simulate(prog, cluster, optimizer=optimizer, cache=prices),
                                  result, space)
-                if round_best is None or _better(cand, round_best):
+                if round_best is None or ahead(cand, round_best):
                     round_best, round_overlap = cand, overlap
             assert round_best is not None
             say(f"round {round_ + 1}: {round_best.seconds * 1e3:.3f} ms/iter "
                 f"({'fits' if round_best.fits else 'does not fit'}), shares " + _shares_text(shares))
             out.rounds.append({"round": round_ + 1, "seconds": round_best.seconds, "fits": round_best.fits,
                                "shares": list(shares), "replicated_params": replicated_params})
-            if best is None or _better(round_best, best):
+            if best is None or ahead(round_best, best):
                 best = round_best
             t0 = time.perf_counter()
             try:
@@ -124,9 +124,9 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
             # converged and searching again at them is not worth a round.
             warm = _reshared(round_best, new_shares, cluster, optimizer, prices)
             out.warm_starts += 1
-            if warm is not None and _better(warm, best):
+            if warm is not None and ahead(warm, best):
                 best = warm
-            if warm is None or not _better(warm, round_best):
+            if warm is None or not ahead(warm, round_best):
                 break
             shares = new_shares
             # Shares the LP moves change prices, not which overlap assumption models this
@@ -138,7 +138,7 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
             break   # sharded parameter storage only when replicated storage cannot fit
 
     for cand in out.baselines.values():
-        if best is None or _better(cand, best):
+        if best is None or ahead(cand, best):
             best = cand
     assert best is not None
     if not best.fits:
@@ -156,19 +156,6 @@ def _reshared(cand: Candidate, shares: tuple[float, ...], cluster: Cluster, opti
     prog = with_shares(cand.program, shares)        # what to_program(space, search, shares) builds
     return Candidate(cand.name, prog, simulate(prog, cluster, optimizer=optimizer, cache=prices), cand.search,
                      cand.space)
-
-
-def _better(a: Candidate, b: Candidate) -> bool:
-    """Fitting beats not fitting; then faster wins; ties keep the earlier one.
-
-    A program no faster than one that fits loses whether it fits or not, so its memory is
-    not asked for (the simulator works it out only on demand)."""
-    faster = a.seconds < b.seconds * (1 - 1e-9)
-    if not faster and b.fits:
-        return False
-    if a.fits != b.fits:
-        return a.fits
-    return faster
 
 
 def _same(a: Sequence[float], b: Sequence[float]) -> bool:

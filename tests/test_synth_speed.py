@@ -216,11 +216,11 @@ def test_the_loops_shortcuts_find_what_the_plain_loop_finds(monkeypatch):
 
 
 def test_better_asks_a_slower_program_nothing_about_memory():
-    """_better() equals 'fitting first, then faster' on every case, and never makes the memory
+    """ahead() equals 'fitting first, then faster' on every case, and never makes the memory
     report of a program no faster than a fitting incumbent (it loses either way)."""
     from itertools import product
 
-    from synth.synthesize import _better
+    from costmodel.simulator import ahead
 
     class _Sim:
         def __init__(self, seconds, fits):
@@ -234,5 +234,5 @@ def test_better_asks_a_slower_program_nothing_about_memory():
     for (ta, fa), (tb, fb) in product(product((1.0, 2.0), (True, False)), repeat=2):
         a, b = Candidate("a", None, _Sim(ta, fa)), Candidate("b", None, _Sim(tb, fb))
         plain = fa if fa != fb else ta < tb * (1 - 1e-9)
-        assert _better(a, b) == plain
+        assert ahead(a, b) == plain
         assert not (a.sim.asked and fb and ta >= tb)
