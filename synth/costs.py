@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from costmodel.cluster import Cluster
 from costmodel.collectives import best_variant, collective_seconds, dual_variant
@@ -48,7 +47,7 @@ class Prices:
         self.overlap = grad_sync_overlap
         self._compute: dict[tuple, float] = {}
         self._moves: dict[tuple, MovePrice] = {}
-        self._lengths = lru_cache(maxsize=None)(self._lengths_uncached)
+        self._lengths_known: dict[int, tuple[int, ...]] = {}   # a dict, not a cycle through lru_cache
         # Devices with the same capabilities compute alike: price each kind once, not each of
         # hundreds of ranks (a 256-GPU cluster has two kinds).
         kinds = [(d.type, tuple(sorted(d.peak_flops.items())), d.hbm_bandwidth_Bps) for d in cluster.devices]
@@ -64,8 +63,11 @@ class Prices:
             return (1.0,) * self.world
         return tuple(n / length for n in self._lengths(length))
 
-    def _lengths_uncached(self, length: int) -> tuple[int, ...]:
-        return tuple(shard_lengths(length, self.shares))
+    def _lengths(self, length: int) -> tuple[int, ...]:
+        hit = self._lengths_known.get(length)
+        if hit is None:
+            hit = self._lengths_known[length] = tuple(shard_lengths(length, self.shares))
+        return hit
 
     def compute_seconds(self, node: Node, strategy: Strategy, key: tuple) -> float:
         """Slowest rank's forward + backward seconds for ``node`` under ``strategy``.

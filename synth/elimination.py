@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -92,10 +93,16 @@ class SegmentEliminator:
     """
 
     def __init__(self, searcher: Searcher) -> None:
-        self.searcher = searcher
+        # Weak: the searcher holds this solver, and a cycle would keep a finished search's
+        # memos alive until the cyclic collector runs (synthesize() pauses it).
+        self._searcher = weakref.ref(searcher)
         self.transfers: dict[tuple, _Transfer | None] = {}
         self.misses: set[tuple] = set()
         self.eliminations = 0       # transfers built (each one elimination)
+
+    @property
+    def searcher(self) -> Searcher:
+        return self._searcher()
 
     def solve(self, seg: Segment, frontier: dict, base: float, *, hard: bool = False) -> dict | None:
         """The useful exits of ``seg`` from ``frontier`` as ``{exit state: (seconds past base,
@@ -176,7 +183,8 @@ class _Transfer:
 
 class _SegmentProblem:
     def __init__(self, searcher: Searcher, seg: Segment, entries: tuple[State, ...]) -> None:
-        self.searcher = searcher
+        # Weak, as SegmentEliminator's: the searcher's transfers keep their problems.
+        self._searcher = weakref.ref(searcher)
         self.seg = seg
         self.entries = entries
         self.n = seg.stop - seg.start
@@ -185,6 +193,10 @@ class _SegmentProblem:
         self.domain[_ENTRY] = len(self.entries)
         self.exit_live = searcher._live[seg.stop]
         self.exit_masks: dict[int, list[int]] = {}      # exit variable -> its masks, by index
+
+    @property
+    def searcher(self) -> Searcher:
+        return self._searcher()
 
     def exit_var(self, slot: int) -> int:
         return self.n + slot

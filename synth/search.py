@@ -36,7 +36,6 @@ is known.
 
 from __future__ import annotations
 
-import gc
 import heapq
 import itertools
 import math
@@ -49,6 +48,7 @@ from dataclasses import dataclass, field
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import DistProgram
 from synth.elimination import SegmentEliminator
+from synth.gcpause import gc_paused
 from synth.space import FREE, PARAM, NodeSpace, SearchSpace, Segment, layout_order
 
 State = tuple  # layout bitmasks, one per activation live at that point (see Searcher._live)
@@ -617,13 +617,8 @@ def search(space: SearchSpace, time_budget_seconds: float | None = None) -> Sear
     deadline = time.perf_counter() + time_budget_seconds if time_budget_seconds else None
     # The search allocates many small tuples and frees them by reference counting; none is in
     # a cycle, so the cyclic collector only costs time while it runs (10-20% of a search).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         return Searcher(space, deadline).run()
-    finally:
-        if collecting:
-            gc.enable()
 
 
 
