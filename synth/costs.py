@@ -47,6 +47,7 @@ class Prices:
         self.overlap = grad_sync_overlap
         self._compute: dict[tuple, float] = {}
         self._moves: dict[tuple, MovePrice] = {}
+        self._grad_sync: dict[TensorMeta, float] = {}     # the one price that depends on the overlap
         self._lengths_known: dict[int, tuple[int, ...]] = {}   # a dict, not a cycle through lru_cache
         # Devices with the same capabilities compute alike: price each kind once, not each of
         # hundreds of ranks (a 256-GPU cluster has two kinds).
@@ -55,6 +56,16 @@ class Prices:
         self._kind_device: dict[tuple, object] = {}
         for kind, device in zip(kinds, cluster.devices):
             self._kind_device.setdefault(kind, device)
+
+    def with_overlap(self, grad_sync_overlap: float) -> Prices:
+        """These prices under another overlap assumption. Only gradient synchronisation depends
+        on it, so compute and layout-change prices are shared (the outer loop searches each
+        share vector under several overlaps: the second search prices nothing again)."""
+        twin = object.__new__(Prices)
+        twin.__dict__.update(self.__dict__)
+        twin.overlap = grad_sync_overlap
+        twin._grad_sync = {}
+        return twin
 
     # ---- compute -------------------------------------------------------------------------
     def fractions(self, length: int | None) -> tuple[float, ...]:
@@ -166,13 +177,11 @@ class Prices:
 
     def grad_sync_seconds(self, meta: TensorMeta) -> float:
         """Exposed part of the all-reduce that keeps a replicated parameter's gradient whole."""
-        key = (meta, "grad_sync")
-        hit = self._moves.get(key)
+        hit = self._grad_sync.get(meta)
         if hit is None:
             _, t = self._collective("all_reduce", self._pieces(meta, Replicate()))
-            hit = MovePrice(t * (1.0 - self.overlap), "all_reduce", "")
-            self._moves[key] = hit
-        return hit.seconds
+            hit = self._grad_sync[meta] = t * (1.0 - self.overlap)
+        return hit
 
 
 def transfer_kinds(src: Layout, dst: Layout) -> tuple[str, str]:
