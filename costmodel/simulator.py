@@ -260,7 +260,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
     device_keys = [cache.device_key(r) for r in reps]
     lanes = list(zip(reps, device_keys))
     by_fractions: dict[tuple, tuple[list[float], list[float]]] = {}   # (node key, fractions) -> times
-    fractions = _ClassFractions(program, reps)
+    fractions = _ClassFractions(program, reps, pieces)
 
     def times(step: Compute, node) -> tuple[list[float], list[float]]:
         """Forward and backward seconds of the step on each class."""
@@ -379,10 +379,10 @@ class _ClassFractions:
     depends on (the sharded dimension's length and block count), so the steps of repeated
     layers share one tuple."""
 
-    def __init__(self, program: DistProgram, reps: Sequence[int]) -> None:
+    def __init__(self, program: DistProgram, reps: Sequence[int], pieces: LocalBytes) -> None:
         self.program, self.reps = program, reps
         self.blocks = program.blocks()
-        self.meta = program.graph.meta
+        self.size = pieces.size            # (bytes, shape) by value name, remembered
         self.whole = (1.0,) * len(reps)
         self.known: dict[tuple[int, int], tuple[float, ...]] = {}
 
@@ -391,7 +391,7 @@ class _ClassFractions:
         for names, layouts in ((step.inputs, strategy.inputs), (outputs, strategy.outputs)):
             for name, layout in zip(names, layouts):
                 if isinstance(layout, Shard):
-                    shape = self.meta(name.split("@", 1)[0]).shape
+                    shape = self.size(name)[1]
                     d = layout.dim + len(shape) if layout.dim < 0 else layout.dim
                     length = shape[d]
                     if length > 0:

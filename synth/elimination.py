@@ -54,6 +54,13 @@ WIDE_LIVE = 6
 # MoE layer, the next attention block starts from 8: 2,000-3,000 expansions, 20x the time of
 # its elimination), the elimination only keeps one more small variable to the end.
 WIDE_ENTRY = 6
+# And so is a segment whose entry states the A* has already solved this many times, each with
+# other relative costs: the memo keeps missing it. Where that goes on forever (a running
+# auxiliary loss held both replicated and partial drifts by a fraction of a microsecond per
+# layer), elimination then serves every later layer. A transformer block's entry costs settle
+# within three layers (ViT, BERT and GPT on HAP-8: at most 3 requests per entry set), and there
+# eliminating on the second request made the searches 8-14% slower than the A* alone.
+REPEATED_MISSES = 3
 
 # Elimination orders by (segment structure, variable sizes); a few hundred at most are kept.
 _ORDERS: dict[tuple, list[int]] = {}
@@ -89,7 +96,7 @@ class SegmentEliminator:
     It takes a segment that keeps :data:`WIDE_LIVE` activations live or is entered in
     :data:`WIDE_ENTRY` states, one that the A* cannot finish (in the searcher's hard set, or
     reaching the beam), and one whose entry states repeat with other relative costs (the memo
-    missed it before), unless its elimination is too wide.
+    missed it :data:`REPEATED_MISSES` times before), unless its elimination is too wide.
     """
 
     def __init__(self, searcher: Searcher) -> None:
@@ -97,7 +104,7 @@ class SegmentEliminator:
         # memos alive until the cyclic collector runs (synthesize() pauses it).
         self._searcher = weakref.ref(searcher)
         self.transfers: dict[tuple, _Transfer | None] = {}
-        self.misses: set[tuple] = set()
+        self.misses: dict[tuple, int] = {}     # (segment, entry states) -> A* runs so far
         self.eliminations = 0       # transfers built (each one elimination)
 
     @property
@@ -112,9 +119,10 @@ class SegmentEliminator:
             deadline = self.searcher.deadline
             if deadline is not None and time.perf_counter() > deadline:
                 return None
-            if not (hard or seg.signature in self.searcher._hard or key in self.misses
+            missed = self.misses.get(key, 0)
+            if not (hard or seg.signature in self.searcher._hard or missed >= REPEATED_MISSES
                     or self._wide(seg, len(frontier))):
-                self.misses.add(key)
+                self.misses[key] = missed + 1
                 return None
             try:
                 self.transfers[key] = _SegmentProblem(self.searcher, seg, key[1]).transfer()
