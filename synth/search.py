@@ -340,6 +340,7 @@ class Searcher:
             heap.append((g - base + h0, next(counter), seg.start, entry, h0))
         heapq.heapify(heap)
         exits: dict[State, float] = {}
+        exit_limits: dict[tuple[int, ...], float] | None = None      # of the exits settled so far
         bound = math.inf
         budget = self.segment_budget
         tables, conversion_miss = self._tables, self._conversion_miss
@@ -356,9 +357,10 @@ class Searcher:
                 if state not in exits:
                     exits[state] = g
                     # Other exits matter only while dearer to convert the settled ones into.
-                    bound = self._exit_bound(seg.stop, exits, bound)
+                    exit_limits = self._exit_limits(seg.stop, {state: g}, exit_limits)
+                    bound = self._exit_bound(seg.stop, exits, bound, exit_limits)
                     if towards is not None:
-                        limits = self._exit_limits(seg.stop, exits)
+                        limits = exit_limits
                 continue
             if limits is not None and towards.useless(i, state, g, limits, h_state):
                 continue                  # reaches no exit that a settled one does not beat
@@ -496,7 +498,8 @@ class Searcher:
             self._codes_cache[vid] = hit
         return hit
 
-    def _exit_bound(self, i: int, exits: dict[State, float], previous: float) -> float:
+    def _exit_bound(self, i: int, exits: dict[State, float], previous: float,
+                    limits: dict[tuple[int, ...], float] | None) -> float:
         """Cost above which no further exit of a segment (values live at node ``i``) matters.
 
         An exit that holds each value in one layout matters only while it is cheaper than
@@ -504,23 +507,26 @@ class Searcher:
         converts into it for less than the search's current cost, the rest is dominated. The
         bound is the dearest target's cheapest conversion, over single-layout targets (as
         :meth:`_conversion_bound` is); with many exit values it is that bound of the best exit.
+        ``limits`` are :meth:`_exit_limits` of ``exits``.
         """
         if len(exits) == 1:
             (state, g), = exits.items()
             return g + self._conversion_bound(i, state)
-        limits = self._exit_limits(i, exits)
         return previous if limits is None else min(max(limits.values()), previous)
 
-    def _exit_limits(self, i: int, exits: dict[State, float]) -> dict[tuple[int, ...], float] | None:
+    def _exit_limits(self, i: int, exits: dict[State, float],
+                     known: dict[tuple[int, ...], float] | None = None) -> dict[tuple[int, ...], float] | None:
         """Per single-layout target of the exit values (live at ``i``): the cheapest settled
-        exit converted into it. A later exit holding the target matters only below this."""
+        exit converted into it. A later exit holding the target matters only below this.
+        ``known`` are the limits of the exits settled before ``exits``: new exits can only
+        lower them, so the A* passes each exit once, not all of them again per new one."""
         targets = self._exit_targets(i)
         if targets is None:
             return None
         live = self._live[i]
         limits = {}
         for target in targets:
-            cheapest = math.inf
+            cheapest = math.inf if known is None else known[target]
             for state, g in exits.items():
                 extra = g
                 for vid, mask, want in zip(live, state, target):
@@ -715,16 +721,19 @@ class _ValueBound:
         floor = self.floor if floor is None else floor
         rows_of = self.searcher._relaxation_rows
         conversion_miss = self.searcher._conversion_miss
-        sid, start, stop = self.sid, self.start, self.stop
+        sid, start, stop, live_sets = self.sid, self.start, self.stop, self.live_sets
         stack = [(vid, i, mask)]
         while stack:
             v, j, m = stack[-1]
-            key = (sid[v], j - start, m)
+            sv = sid[v]
+            key = (sv, j - start, m)
             if key in memo:
                 stack.pop()
                 continue
             last = j + 1 == stop
-            alive_after = not last and v in self.live_sets[j + 1 - start]
+            after = j + 1 - start
+            alive_after = not last and v in live_sets[after]
+            floor_after = 0.0 if last else floor[after]
             best = math.inf
             missing = []
             for base, wants, born in rows_of(j, v, last_options if last else None):
@@ -734,12 +743,16 @@ class _ValueBound:
                         c = table.get(m2)
                         cost += conversion_miss(table, v, m2, want) if c is None else c
                         m2 |= bit
-                if last:
-                    rest = 0.0
-                else:
-                    rest = floor[j + 1 - start]
-                    for w, m3 in ((v, m2),) + born if alive_after else born:
-                        r = memo.get((sid[w], j + 1 - start, m3))
+                rest = floor_after
+                if not last:
+                    if alive_after:
+                        r = memo.get((sv, after, m2))
+                        if r is None:
+                            missing.append((v, j + 1, m2))
+                        elif r > rest:
+                            rest = r
+                    for w, m3 in born:
+                        r = memo.get((sid[w], after, m3))
                         if r is None:
                             missing.append((w, j + 1, m3))
                         elif r > rest:
