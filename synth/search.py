@@ -429,8 +429,25 @@ class Searcher:
         for i in range(seg.stop - 1, seg.start - 1, -1):
             state, k = parent[i + 1 - seg.start][state]
             steps.append((i, state, k))
-        path = [Choice(k, self._expand(self.space.nodes[i], before)[k][3]) for i, before, k in reversed(steps)]
+        path = [Choice(k, self._sources(self.space.nodes[i], before, k)) for i, before, k in reversed(steps)]
         return state, path
+
+    def _sources(self, ns: NodeSpace, state: State, k: int) -> tuple[Layout | None, ...]:
+        """The sources :meth:`_expand` gives strategy ``k`` of node ``ns`` from ``state``,
+        worked out for that strategy alone (a path needs one move per node, not all of them)."""
+        _, acts, fixed, *_ = self._tables[ns.index][k]
+        layouts = self.layouts
+        masks = list(state)
+        sources = list(fixed)
+        for pos, slot, want, vid in acts:
+            mask = masks[slot]
+            bit = 1 << want
+            if mask & bit:
+                sources[pos] = layouts[want]
+                continue
+            sources[pos] = layouts[self._convert(vid, mask, want)[1]]
+            masks[slot] = mask | bit
+        return tuple(sources)
 
     def _dominated(self, i: int, state: State, g: float, layer: dict[State, float]) -> bool:
         """Is there a state at ``i`` that differs in one value's layouts and is cheaper even
