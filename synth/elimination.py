@@ -3,7 +3,7 @@
 A mixture-of-experts layer keeps up to eleven activations live at once (gate probabilities,
 two routing masks, their cumulative sums, capacity masks, gate weights...). The A* state is
 the tuple of their layout sets, and its heuristic (the dearest single value's relaxation, see
-:class:`synth.search._ValueBound`) cannot see that several of them must each be moved: the
+:class:`synth.bounds.ValueBound`) cannot see that several of them must each be moved: the
 frontier fills with equal-cost mixtures and the search exhausts any budget (300,000
 expansions prove a 2-layer MoE). The beam that then finishes the segment is fast but far from
 optimal (MoE-12 on the HAP-8 cluster: 48% dearer per layer than the optimum).
