@@ -454,7 +454,7 @@ def _gradient_ready_steps(program: DistProgram) -> dict[int, list[str]]:
     if program.world <= 1:
         return {}
     wanted = {p for p in graph.params if graph.values[p].requires_grad
-              and isinstance(program.source_layouts.get(p, Replicate()), Replicate)}
+              and isinstance(program.source_layouts.get(p, _REPLICATE), Replicate)}
     # One pass over the steps finds both every first use and the parameters only
     # sufficient-factor steps read (factor_synced_params), which are then left out.
     params = set(graph.params)
@@ -481,6 +481,7 @@ def _gradient_ready_steps(program: DistProgram) -> dict[int, list[str]]:
 
 
 SFB_LOCAL = "linear_sfb"
+_REPLICATE = Replicate()          # the layout of a source the program does not name (read only)
 
 
 def factor_synced_params(program: DistProgram) -> set[str]:
@@ -517,12 +518,13 @@ def _optimizer_seconds(program: DistProgram, cluster: Cluster, optimizer: str | 
     graph = program.graph
     pieces_of = pieces or LocalBytes(program)
     local = [0.0] * len(reps)
+    lanes = range(len(reps))
     for p in graph.params:
         if graph.values[p].requires_grad:
-            layout = program.source_layouts.get(p, Replicate())
+            layout = program.source_layouts.get(p, _REPLICATE)
             if cache is not None and not isinstance(layout, Shard):     # whole on every rank
                 whole = cache.whole_bytes(p)
-                for c in range(len(reps)):
+                for c in lanes:
                     local[c] += whole
                 continue
             piece = pieces_of(p, layout)

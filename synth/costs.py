@@ -48,6 +48,10 @@ class Prices:
         self._compute: dict[tuple, float] = {}
         self._moves: dict[tuple, MovePrice] = {}
         self._grad_sync: dict[TensorMeta, float] = {}     # the one price that depends on the overlap
+        # What a search derives from this graph and these layout-change prices alone (value
+        # signatures, conversion tables; see synth.search.Searcher), kept for the next search
+        # at the same prices: with_overlap twins share it.
+        self.search_memos: dict[str, object] = {}
         self._lengths_known: dict[int, tuple[int, ...]] = {}   # a dict, not a cycle through lru_cache
         # Devices with the same capabilities compute alike: price each kind once, not each of
         # hundreds of ranks (a 256-GPU cluster has two kinds).

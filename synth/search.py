@@ -97,22 +97,29 @@ class Searcher:
         self._param_cache: dict[tuple, tuple[float, Layout]] = {}
         # Layouts are small ints in the hot loop (R=0, P=1, S(d)=2+d); sets of them are bitmasks.
         self.layouts: list[Layout] = [Replicate(), Partial()] + [Shard(d) for d in range(16)]
-        self._vid = {name: i for i, name in enumerate(self.graph.values)}
-        self._names = list(self.graph.values)
-        self._sig: list[int] = []
-        sigs: dict[tuple, int] = {}
-        for v in self.graph.values.values():
-            self._sig.append(sigs.setdefault((v.meta, v.requires_grad), len(sigs)))
-        self._move_cache: dict[tuple[int, int, int], float] = {}
-        self._conv_cache: dict[tuple[int, int, int], tuple[float, int]] = {}
+        # Value ids and signatures, and every table below up to _relax_rows, depend on the graph
+        # and the layout-change prices alone: searches at the same prices (the outer loop's
+        # overlap assumptions) share them through the Prices object.
+        memos = self.prices.search_memos
+        if not memos:
+            sigs: dict[tuple, int] = {}
+            memos.update(vid={name: i for i, name in enumerate(self.graph.values)}, names=list(self.graph.values),
+                         sig=[sigs.setdefault((v.meta, v.requires_grad), len(sigs))
+                              for v in self.graph.values.values()],
+                         move={}, conv={}, conv_seconds={}, codes={}, alt={})
+        self._vid: dict[str, int] = memos["vid"]
+        self._names: list[str] = memos["names"]
+        self._sig: list[int] = memos["sig"]
+        self._move_cache: dict[tuple[int, int, int], float] = memos["move"]
+        self._conv_cache: dict[tuple[int, int, int], tuple[float, int]] = memos["conv"]
         # Per (value signature, wanted layout): held mask -> seconds to get it (the hot loop's
         # view of _conv_cache, one dict lookup per input instead of a tuple key and a call).
-        self._conv_seconds: dict[tuple[int, int], dict[int, float]] = {}
+        self._conv_seconds: dict[tuple[int, int], dict[int, float]] = memos["conv_seconds"]
+        self._codes_cache: dict[int, list[int]] = memos["codes"]
+        self._alt_cache: dict[tuple[int, int], list[tuple[int, float]]] = memos["alt"]
         # Per (node, value, allowed strategies of a segment's last node or None): the relaxation
-        # rows of ValueBound._solve, see _relaxation_rows.
+        # rows of ValueBound._solve, see _relaxation_rows (they carry parameter prices: per search).
         self._relax_rows: dict[tuple, list[tuple]] = {}
-        self._codes_cache: dict[int, list[int]] = {}
-        self._alt_cache: dict[tuple[int, int], list[tuple[int, float]]] = {}
         self._templates: dict[tuple, list[tuple]] = {}
         self._targets: dict[tuple, list[tuple[int, ...]] | None] = {}
         # Per segment structure: the memos of its heuristic's relaxations (see ValueBound).
