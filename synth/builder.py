@@ -69,10 +69,14 @@ class ProgramBuilder:
     def compute(self, node: Node | str, strategy: Strategy,
                 sources: Sequence[Layout | None] | None = None) -> None:
         node = self._nodes[node] if isinstance(node, str) else node
-        sources = sources or [None] * len(strategy.inputs)
-        reads = tuple(self.ensure(v, lay, source=src)
-                      for v, lay, src in zip(self.refs(node), strategy.inputs, sources))
-        self.program.steps.append(Compute(node.name, strategy, reads))
+        copies_of = self._copies
+        reads = []
+        for k, (value, layout) in enumerate(zip(self.refs(node), strategy.inputs)):
+            name = copies_of[value].get(layout)     # most inputs are held as wanted: one lookup
+            if name is None:
+                name = self.ensure(value, layout, source=sources[k] if sources and k < len(sources) else None)
+            reads.append(name)
+        self.program.steps.append(Compute(node.name, strategy, tuple(reads)))
         for out, lay in zip(node.outputs, strategy.outputs):
             self._copies[out] = {lay: out}
 
