@@ -76,8 +76,9 @@ def rank_classes(program: DistProgram, cluster: Cluster | None) -> RankClasses:
     """
     world = program.world
     pairs: set[tuple[int, int]] = set()
+    values = program.graph.values
     for (value, dim), n_blocks in program.blocks().items():
-        length = program.shape(value)[dim]
+        length = values[value.split("@", 1)[0]].meta.shape[dim]     # program.shape(value), inline
         pairs.add((length, n_blocks))
         pairs.add((length, length))
     shares = tuple(program.shares)
