@@ -133,7 +133,7 @@ def _write_replan_cache(plan, out: Path) -> None:
     path = out / reuse.FILE_NAME
     path.unlink(missing_ok=True)        # never another plan's cache
     if plan.pipeline is None:
-        reuse.write(plan.graph, path)
+        reuse.write(plan.graph, path, plan_file=out / "plan.json")
 
 
 def _stages_arg(value: str | None) -> int | str | None:
@@ -305,8 +305,9 @@ def _cmd_replan(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     say = _progress(args)
+    before = _file_identity(Path(args.plan))
     old = Plan.load(args.plan)
-    cache = _load_replan_cache(Path(args.plan), old, say)
+    cache = _load_replan_cache(Path(args.plan), old, say, before)
     survivors = list(range(old.cluster.world))
     if args.cluster:
         cluster = load_cluster(args.cluster)
@@ -347,15 +348,32 @@ def _cmd_replan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_replan_cache(plan_file: Path, old, say) -> Path | None:
+def _file_identity(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _load_replan_cache(plan_file: Path, old, say, identity: tuple | None = None) -> Path | None:
     """Install the strategies cached beside the old plan (see synth.reuse), so the search
     needs no sharding rules (nor torch); a missing or stale cache is not an error: the rules
-    derive them again, more slowly, and a progress line says why. Returns the cache used."""
+    derive them again, more slowly, and a progress line says why. Returns the cache used.
+
+    ``identity`` (:func:`_file_identity` of ``plan_file`` before ``old`` was loaded from it):
+    when the file is unchanged since, its digest stands for the bytes ``old`` came from, and
+    a cache stamped with it is not fingerprinted again (synth.reuse)."""
     from synth import reuse
 
     path = reuse.cache_path(plan_file)
+    digest = None
+    if identity is not None:
+        digest = reuse.plan_digest(plan_file)
+        if _file_identity(plan_file) != identity:
+            digest = None                   # replaced meanwhile: the fingerprint decides
     try:
-        reuse.load(old.graph, path)
+        reuse.load(old.graph, path, plan_sha256=digest)
     except reuse.StaleCache as exc:
         say(f"{exc}: deriving the strategies from the sharding rules (slower)")
         return None
@@ -364,19 +382,17 @@ def _load_replan_cache(plan_file: Path, old, say) -> Path | None:
 
 def _carry_replan_cache(cache: Path | None, done, out: Path) -> None:
     """The new plan's graph is the old one: its cache is the old cache (or, when that was
-    unusable but a search derived the strategies, a new one), so replans can chain."""
-    import shutil
-
+    unusable but a search derived the strategies, a new one), stamped for the new plan.json,
+    so replans can chain."""
     from synth import reuse
 
     target = out / reuse.FILE_NAME
     if cache is not None:
-        if cache.resolve() != target.resolve():
-            shutil.copyfile(cache, target)
+        reuse.restamp(cache, target, out / "plan.json")
         return
     target.unlink(missing_ok=True)
     if done.effort != "quick":          # a quick replan derived no strategies: none to write
-        reuse.write(done.plan.graph, target)
+        reuse.write(done.plan.graph, target, plan_file=out / "plan.json")
 
 
 def _rank(text: str, flag: str) -> int:
