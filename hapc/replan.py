@@ -28,13 +28,18 @@ are most of what is left, so a replan avoids them where a cheaper fact decides:
   settle both ``auto``'s question and whether it could beat a searched program; it is then
   never simulated (dropping one of HAP's 8 devices: a floor of 1123 ms against 745 expected
   and 681 searched);
-* the second overlap's search runs in a forked child when a core is spare
-  (:mod:`hapc.forked`), and meanwhile this process re-balances the first search's program,
-  which usually leads; the child sends back its program and its time, not its simulation;
-* whether a program fits is asked only of one that could win on time.
+* both overlaps' searches run one after the other in a forked child when a core is spare
+  (:mod:`hapc.forked`), each program sent back as soon as it is simulated, with the
+  figures ranking and the LP read (:class:`Figures`: not the timeline). Meanwhile this
+  process imports the LP machinery (numpy and HiGHS: a fifth of a second, so nothing on the
+  way to the fork imports numpy) and then re-balances the first search's program, which
+  usually leads, while the child makes the second;
+* whether a program fits is asked only of one that could win on time;
+* the CLI checks the strategy cache against plan.json's SHA-256 rather than by hashing the
+  graph again (:mod:`synth.reuse`).
 
-That search replan runs two searches and three simulations (the first search's program, the
-child's, the re-balanced winner), against four before the floor; plan.json is the same
+That search replan runs two searches and three simulations (both searches' programs in the
+child, the re-balanced winner here), against four before the floor; plan.json is the same
 either way, and the same with ``HAPC_SERIAL=1`` (no child).
 
 Whichever simulates fastest and fits wins; a tie keeps the old program.
