@@ -369,7 +369,11 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
         candidates["kept"] = kept
     if effort == "search":
         assert round_ is not None
-        candidates, info = _search_round(round_, kept, kept_program, floor, cluster, optimizer, shares, counts, say)
+        try:
+            candidates, info = _search_round(round_, kept, kept_program, floor, cluster, optimizer, shares,
+                                             counts, say)
+        finally:
+            round_.cancel()             # a child still searching (an error here) is not left behind
         kept = candidates.get("kept", kept)
     elif effort == "quick":
         assert kept is not None
