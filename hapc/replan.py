@@ -264,12 +264,16 @@ class _SearchRound:
     :func:`_lp_tools`) and then re-balances the first search's program while the child makes
     the second. What crosses the pipe is a program's steps, its :class:`Figures` and the
     search's figures: not the graph, and not the simulation's timeline (only the plan's own
-    program needs one, and that is re-balanced, hence simulated again, here)."""
+    program needs one, and that is re-balanced, hence simulated again, here). A program
+    that cannot lead the searched ones (:func:`costmodel.simulator.ahead` of the leader so
+    far says no, as the caller's would) comes back as its time only (:class:`_Behind`): its
+    memory is never worked out, nor its steps sent, and the last search ends sooner."""
 
     def __init__(self, graph: Graph, shares: Sequence[float], cluster: Cluster, optimizer: str,
                  simulate_here: Callable[[DistProgram], SimResult]) -> None:
         self._args = (graph, tuple(shares), cluster, optimizer)
         self._simulate_here = simulate_here
+        self._leader: _Candidate | None = None        # of the searches run in this process so far
         self._searches = BesideEach([functools.partial(self._job, overlap) for overlap in SEARCH_OVERLAPS])
 
     @property
@@ -277,24 +281,40 @@ class _SearchRound:
         """Whether the searches run in a child, beside this process."""
         return self._searches.forked
 
-    def _job(self, overlap: float) -> tuple[list, dict, Figures, dict[str, object]]:
+    def _job(self, overlap: float) -> tuple[list, dict, Figures, dict[str, object]] | _Behind:
         program, sim, result = searched(*self._args, overlap)
+        here = _Candidate("searched", program, sim)
+        if self._leader is not None and not ahead(here, self._leader):
+            return _Behind(sim.iteration_seconds, _search_info(result))
+        self._leader = here
         return program.steps, program.source_layouts, Figures.of(sim), _search_info(result)
 
     def ready(self) -> bool:
         """Whether every search has finished (its result waits in the pipe)."""
         return self._searches.ready(len(SEARCH_OVERLAPS) - 1)
 
-    def candidate(self, index: int) -> _Candidate:
+    def candidate(self, index: int) -> _Candidate | _Behind:
         """The program of ``SEARCH_OVERLAPS[index]``'s search (received from the child, or
-        searched here without a spare core), with its figures."""
-        steps, layouts, figures, info = self._searches.result(index)
+        searched here without a spare core), with its figures; or, when it cannot lead the
+        searches before it, its time only."""
+        got = self._searches.result(index)
+        if isinstance(got, _Behind):
+            return got
+        steps, layouts, figures, info = got
         graph, shares = self._args[0], self._args[1]
         return _Candidate("searched", DistProgram(graph, shares, dict(layouts), list(steps)), figures, info,
                           simulate_here=self._simulate_here)
 
     def cancel(self) -> None:
         self._searches.cancel()
+
+
+@dataclass(frozen=True)
+class _Behind:
+    """A searched program that cannot lead: no faster than one searched before it, which fits."""
+
+    seconds: float
+    info: dict[str, object]
 
 
 @dataclass
@@ -453,6 +473,7 @@ def _search_round(round_: _SearchRound, kept: _Candidate | None, kept_program: D
     search has not ruled it out, else re-balances the first search's program when that
     leads so far (usually the winner; wasted only when a later search's program beats it)."""
     first = round_.candidate(0)
+    assert isinstance(first, _Candidate)        # nothing searched before it to be behind
     counts.searches += 1
     counts.simulations += 1
     say(f"search on the new cluster (overlap {SEARCH_OVERLAPS[0]:g}): {first.seconds * 1e3:.3f} ms/iter")
@@ -467,7 +488,7 @@ def _search_round(round_: _SearchRound, kept: _Candidate | None, kept_program: D
         counts.searches += 1
         counts.simulations += 1
         say(f"search on the new cluster (overlap {overlap:g}): {cand.seconds * 1e3:.3f} ms/iter")
-        if ahead(cand, best):
+        if isinstance(cand, _Candidate) and ahead(cand, best):
             best = cand
     if kept is None:
         if best.fits and floor > best.seconds * (1 + 1e-9):
