@@ -357,8 +357,6 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
     kept: _Candidate | None = None
     floor = 0.0
     try:
-        if round_ is not None and round_.forked:
-            _lp_tools()
         floor = blocking_comm_floor_seconds(kept_program, cluster)
         if effort == "auto":
             expected = old.recorded_seconds * _total_flops(old.cluster) / _total_flops(cluster)
@@ -382,6 +380,8 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
         raise
     if round_ is not None and effort != "search":
         round_.cancel()
+    elif round_ is not None and round_.forked:
+        _lp_tools()         # while the child searches (after "auto" decided: a cancelled child stops sooner)
     baselines: dict[str, float] = {}
     info: dict[str, object] = {}
     candidates: dict[str, _Candidate] = {}
