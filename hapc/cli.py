@@ -295,6 +295,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_replan(args: argparse.Namespace) -> int:
+    from hapc.replan import cyclic_gc_paused
+
+    with cyclic_gc_paused():       # the whole command: see hapc.replan.cyclic_gc_paused
+        return _replan_command(args)
+
+
+def _replan_command(args: argparse.Namespace) -> int:
     from costmodel.cluster import load_cluster
     from costmodel.cluster_edit import slowed, surviving_ranks, without_devices
     from hapc.plan import Plan
