@@ -294,3 +294,24 @@ def test_replan_imports_no_numpy_before_its_child_searches():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=60, check=False)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
+
+
+def test_replan_pauses_the_cyclic_collector_and_restores_it(compiled, tmp_path, monkeypatch):
+    import gc
+
+    import hapc.replan
+
+    seen: list[bool] = []
+    real = hapc.replan._replan
+    monkeypatch.setattr(hapc.replan, "_replan", lambda *args: seen.append(gc.isenabled()) or real(*args))
+    assert gc.isenabled()
+    assert cli_main(["replan", str(compiled / "plan.json"), "--drop", "1", "--quick", "-o", str(tmp_path / "new"),
+                     "--no-emit", "-q"]) == 0
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:                                        # a caller's pause stays a pause
+        with hapc.replan.cyclic_gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
