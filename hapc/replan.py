@@ -291,9 +291,10 @@ class _SearchRound:
         self._leader = here
         return program.steps, program.source_layouts, Figures.of(sim), _search_info(result)
 
-    def ready(self) -> bool:
-        """Whether every search has finished (its result waits in the pipe)."""
-        return self._searches.ready(len(SEARCH_OVERLAPS) - 1)
+    def ready(self, index: int = len(SEARCH_OVERLAPS) - 1) -> bool:
+        """Whether the search of ``SEARCH_OVERLAPS[index]`` (by default the last, hence every
+        one) has finished: its result waits in the pipe."""
+        return self._searches.ready(index)
 
     def candidate(self, index: int) -> _Candidate | _Behind:
         """The program of ``SEARCH_OVERLAPS[index]``'s search (received from the child, or
@@ -329,7 +330,7 @@ class _Counts:
 
 
 def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = None, effort: str = "auto",
-           progress: Progress | None = None) -> Replanned:
+           progress: Progress | None = None, while_searching: Callable[[], object] | None = None) -> Replanned:
     """The best plan for ``cluster`` among the old plan's program and, by ``effort``:
     ``"quick"`` nothing else; ``"search"`` one search round on the new cluster; ``"full"``
     everything ``hapc compile`` tries (every round, the baselines); ``"auto"`` (default)
@@ -338,9 +339,13 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
 
     The old program is simulated only when its collectives alone
     (:func:`costmodel.comm_floor.blocking_comm_floor_seconds`) do not already settle both
-    questions, whether to search and whether it could win; the answer is the same either way."""
+    questions, whether to search and whether it could win; the answer is the same either way.
+
+    ``while_searching``: work the caller will do after planning anyway (the CLI: importing the
+    program emitter), done here if this process would otherwise wait for the child's first
+    search."""
     with cyclic_gc_paused():      # its child inherits the pause
-        return _replan(old, cluster, survivors, effort, progress)
+        return _replan(old, cluster, survivors, effort, progress, while_searching)
 
 
 @contextlib.contextmanager
@@ -362,7 +367,7 @@ def cyclic_gc_paused() -> Iterator[None]:
 
 
 def _replan(old: Plan, cluster: Cluster, survivors: Sequence[int] | None, effort: str,
-            progress: Progress | None) -> Replanned:
+            progress: Progress | None, while_searching: Callable[[], object] | None) -> Replanned:
     if effort not in EFFORTS:
         raise ValueError(f"unknown effort {effort!r}; expected one of {', '.join(EFFORTS)}")
     say = progress or (lambda msg: None)
@@ -408,6 +413,8 @@ def _replan(old: Plan, cluster: Cluster, survivors: Sequence[int] | None, effort
         round_.cancel()
     elif round_ is not None and round_.forked:
         _lp_tools()         # while the child searches (after "auto" decided: a cancelled child stops sooner)
+        if while_searching is not None and not round_.ready(0):
+            while_searching()
     baselines: dict[str, float] = {}
     info: dict[str, object] = {}
     candidates: dict[str, _Candidate] = {}
