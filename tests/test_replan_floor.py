@@ -101,3 +101,20 @@ def test_a_later_search_that_leads_is_sent_whole_and_one_that_cannot_as_its_time
             done = hapc.replan.replan(old, new, survivors=survivors, effort="search")
             assert json.dumps(done.plan.to_dict()) == default and done.searches == 2
             assert kinds == sent, (overlaps, serial)
+
+
+def test_work_while_searching_runs_once_only_while_the_child_searches(monkeypatch):
+    from hapc.forked import spare_core
+
+    if not spare_core():
+        pytest.skip("one core (or HAPC_SERIAL): no child to wait for")
+    old, new, survivors = _zero3_onto_a_slow_network()
+    default = json.dumps(hapc.replan.replan(old, new, survivors=survivors, effort="search").plan.to_dict())
+    calls: list[int] = []
+    monkeypatch.setattr(hapc.replan._SearchRound, "ready", lambda self, index=1: False)   # still searching
+    done = hapc.replan.replan(old, new, survivors=survivors, effort="search", while_searching=lambda: calls.append(1))
+    assert calls == [1] and json.dumps(done.plan.to_dict()) == default
+    monkeypatch.setattr(hapc.replan._SearchRound, "ready", lambda self, index=1: True)    # already back
+    hapc.replan.replan(old, new, survivors=survivors, effort="search", while_searching=lambda: calls.append(2))
+    hapc.replan.replan(old, new, survivors=survivors, effort="quick", while_searching=lambda: calls.append(3))
+    assert calls == [1]
