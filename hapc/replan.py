@@ -34,9 +34,12 @@ are most of what is left, so a replan avoids them where a cheaper fact decides:
   process imports the LP machinery (numpy and HiGHS: a fifth of a second, so nothing on the
   way to the fork imports numpy) and then re-balances the first search's program, which
   usually leads, while the child makes the second;
-* whether a program fits is asked only of one that could win on time;
+* whether a program fits is asked only of one that could win on time, and a searched
+  program that cannot lead comes back from the child as its time only;
+* the cyclic garbage collector is paused (:func:`cyclic_gc_paused`);
 * the CLI checks the strategy cache against plan.json's SHA-256 rather than by hashing the
-  graph again (:mod:`synth.reuse`).
+  graph again (:mod:`synth.reuse`), and imports the program emitter while it would
+  otherwise wait for the child (``while_searching``).
 
 That search replan runs two searches and three simulations (both searches' programs in the
 child, the re-balanced winner here), against four before the floor; plan.json is the same
