@@ -76,14 +76,14 @@ clock = time.process_time
 t = [clock()]
 from pathlib import Path
 from costmodel.cluster_edit import surviving_ranks, without_devices
-from hapc.cli import _file_identity, _load_replan_cache
+from hapc import replan_cache
 from hapc.plan import Plan
 from hapc.replan import _lp_tools, replan
 from hapc.report import write_report
 t.append(clock())
-identity = _file_identity(Path(sys.argv[1]))
+identity = replan_cache.file_identity(Path(sys.argv[1]))
 old = Plan.load(sys.argv[1]); t.append(clock())
-assert _load_replan_cache(Path(sys.argv[1]), old, print, identity) is not None; t.append(clock())
+assert replan_cache.install_old(Path(sys.argv[1]), old.graph, print, identity) is not None; t.append(clock())
 _lp_tools(); t.append(clock())
 cluster = without_devices(old.cluster, [7])
 done = replan(old, cluster, survivors=surviving_ranks(old.cluster.world, [7])); t.append(clock())

@@ -304,6 +304,7 @@ def _cmd_replan(args: argparse.Namespace) -> int:
 def _replan_command(args: argparse.Namespace) -> int:
     from costmodel.cluster import load_cluster
     from costmodel.cluster_edit import slowed, surviving_ranks, without_devices
+    from hapc import replan_cache
     from hapc.plan import Plan
     from hapc.replan import replan
     from hapc.report import write_report
@@ -312,9 +313,9 @@ def _replan_command(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     say = _progress(args)
-    before = _file_identity(Path(args.plan))
+    before = replan_cache.file_identity(Path(args.plan))
     old = Plan.load(args.plan)
-    cache = _load_replan_cache(Path(args.plan), old, say, before)
+    cache = replan_cache.install_old(Path(args.plan), old.graph, say, before)
     survivors = list(range(old.cluster.world))
     if args.cluster:
         cluster = load_cluster(args.cluster)
@@ -337,7 +338,7 @@ def _replan_command(args: argparse.Namespace) -> int:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     done.plan.save(out / "plan.json")
-    _carry_replan_cache(cache, done, out)
+    replan_cache.carry(cache, done.plan.graph, done.effort != "quick", out)   # quick: derived none
     write_report(done.plan, out)
     wrote = ["plan.json", "report.md"]
     if not args.no_emit:
@@ -360,53 +361,6 @@ def _import_emitter() -> None:
     """What emitting program.py imports first (a tenth of a second), for replan to do while its
     child searches."""
     import hapc.codegen  # noqa: F401
-
-
-def _file_identity(path: Path) -> tuple[int, int, int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def _load_replan_cache(plan_file: Path, old, say, identity: tuple | None = None) -> Path | None:
-    """Install the strategies cached beside the old plan (see synth.reuse), so the search
-    needs no sharding rules (nor torch); a missing or stale cache is not an error: the rules
-    derive them again, more slowly, and a progress line says why. Returns the cache used.
-
-    ``identity`` (:func:`_file_identity` of ``plan_file`` before ``old`` was loaded from it):
-    when the file is unchanged since, its digest stands for the bytes ``old`` came from, and
-    a cache stamped with it is not fingerprinted again (synth.reuse)."""
-    from synth import reuse
-
-    path = reuse.cache_path(plan_file)
-    digest = None
-    if identity is not None:
-        digest = reuse.plan_digest(plan_file)
-        if _file_identity(plan_file) != identity:
-            digest = None                   # replaced meanwhile: the fingerprint decides
-    try:
-        reuse.load(old.graph, path, plan_sha256=digest)
-    except reuse.StaleCache as exc:
-        say(f"{exc}: deriving the strategies from the sharding rules (slower)")
-        return None
-    return path
-
-
-def _carry_replan_cache(cache: Path | None, done, out: Path) -> None:
-    """The new plan's graph is the old one: its cache is the old cache (or, when that was
-    unusable but a search derived the strategies, a new one), stamped for the new plan.json,
-    so replans can chain."""
-    from synth import reuse
-
-    target = out / reuse.FILE_NAME
-    if cache is not None:
-        reuse.restamp(cache, target, out / "plan.json")
-        return
-    target.unlink(missing_ok=True)
-    if done.effort != "quick":          # a quick replan derived no strategies: none to write
-        reuse.write(done.plan.graph, target, plan_file=out / "plan.json")
 
 
 def _rank(text: str, flag: str) -> int:
