@@ -414,10 +414,6 @@ def _replan(old: Plan, cluster: Cluster, survivors: Sequence[int] | None, effort
         raise
     if round_ is not None and effort != "search":
         round_.cancel()
-    elif round_ is not None and round_.forked:
-        _lp_tools()         # while the child searches (after "auto" decided: a cancelled child stops sooner)
-        if while_searching is not None and not round_.ready(0):
-            while_searching()
     baselines: dict[str, float] = {}
     info: dict[str, object] = {}
     candidates: dict[str, _Candidate] = {}
@@ -426,6 +422,10 @@ def _replan(old: Plan, cluster: Cluster, survivors: Sequence[int] | None, effort
     if effort == "search":
         assert round_ is not None
         try:
+            if round_.forked:       # while the child searches (after auto decided: a cancelled child stops sooner)
+                _lp_tools()
+                if while_searching is not None and not round_.ready(0):
+                    while_searching()
             candidates, info = _search_round(round_, kept, kept_program, floor, cluster, optimizer, shares,
                                              counts, say)
         finally:
