@@ -10,18 +10,24 @@ lists (steps, the graph's values and nodes): indenting every number with the pur
 encoder took 0.3 s for a 48-layer GPT. Loading a plan does not simulate it until something
 reads its simulation (:attr:`Plan.sim`); :attr:`Plan.recorded_seconds` is the predicted time
 the file holds, for a caller that needs no more.
+
+A replanned plan keeps the old plan's graph, which is most of the file (480 of 700 kB for a
+48-layer GPT). :meth:`Plan.load` keeps the graph's lines as it read them, and saving a plan of
+that same graph writes them again rather than encoding it anew (see :class:`_GraphSection`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from costmodel.cluster import Cluster, load_cluster
 from costmodel.simulator import SimResult, simulate
+from hapc.collector import without_collection
 from hapc.errors import UserError
 from hapc.ir.graph import Graph, hash_of_json
 from hapc.ir.layout import parse_layout
@@ -178,7 +184,8 @@ class Plan:
     # ---- files -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         steps = _steps_to_dict(self.program)
-        graph = self.graph.to_dict()
+        section = _GraphSection.of(self.graph)
+        graph = section.data if section is not None else self.graph.to_dict()
         sim = self.sim
         cluster = self.cluster.to_dict()
         if self.cluster.op_table is not None:     # the measured times this plan was priced with
@@ -187,7 +194,7 @@ class Plan:
             "format": FORMAT,
             "name": self.name,
             "model": self.model,
-            "graph_hash": hash_of_json(graph),          # Graph.hash, without a second to_json
+            "graph_hash": section.hash if section is not None else hash_of_json(graph),   # Graph.hash
             "cluster": cluster,
             "shares": list(self.program.shares),
             "source_layouts": {k: repr(v) for k, v in sorted(self.program.source_layouts.items())},
@@ -201,8 +208,8 @@ class Plan:
             "baselines": self.baselines,
             "search": self.search,
             "precision": self.precision.to_dict(),
-            "graph": graph,
         })
+        out["graph"] = graph if section is not None else _canonical(graph)     # a loaded one is canonical
         if self.pipeline is not None:
             out["pipeline"] = _canonical(_pipeline_to_dict(self.pipeline, self.graph))
             out["predicted"]["one_stage_seconds"] = out["predicted"]["iteration_seconds"]
@@ -210,20 +217,31 @@ class Plan:
             out["predicted"]["memory_bytes"] = _canonical(self.memory)
         return out
 
+    @without_collection
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(plan_json(self.to_dict()))
+        data = self.to_dict()
+        section = _GraphSection.of(self.graph)
+        verbatim = {"graph": section.text} if section is not None and data["graph"] is section.data else {}
+        Path(path).write_text(plan_json(data, verbatim))
 
     @staticmethod
+    @without_collection
     def load(path: str | Path) -> Plan:
         try:
-            data = json.loads(Path(path).read_text())
+            text = Path(path).read_text()
+            data, graph_text = _split_graph(text)
+            if data is None:
+                data = json.loads(text)
         except FileNotFoundError:
             raise UserError("no such plan file", where=str(path)) from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise UserError(f"not a plan file (invalid JSON: {exc})", where=str(path)) from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise UserError(f"not a plan file (format should be {FORMAT!r})", where=str(path))
-        return Plan.from_dict(data)
+        plan = Plan.from_dict(data)
+        if graph_text is not None:
+            _GraphSection.remember(plan.graph, data["graph"], graph_text)
+        return plan
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> Plan:
@@ -238,6 +256,7 @@ class Plan:
                     dict(data.get("search", {})), model, Precision.from_dict(data.get("precision")), pipeline,
                     dict(data.get("predicted", {})))
 
+    @without_collection
     def emit(self, out_dir: str | Path, constants: dict | None = None) -> Path:
         """Write ``out_dir/program.py`` (and the model file beside it); see :mod:`hapc.codegen`.
 
@@ -326,10 +345,16 @@ _DICT_LINES_DEPTH = 2
 _ENCODER = json.JSONEncoder(sort_keys=True)
 
 
-def plan_json(data: dict[str, Any]) -> str:
+def plan_json(data: dict[str, Any], verbatim: dict[str, str] | None = None) -> str:
     """The text of plan.json for ``data`` (canonical: see the module docstring): keys sorted,
-    one entry per line down to the big lists' records, each line written by the C encoder."""
-    return _json_lines(data, 0) + "\n"
+    one entry per line down to the big lists' records, each line written by the C encoder.
+    ``verbatim``: top-level entries whose text is known already (what this function wrote
+    for them before)."""
+    if not verbatim:
+        return _json_lines(data, 0) + "\n"
+    lines = [f" {_ENCODER.encode(key)}: {verbatim[key] if key in verbatim else _json_lines(data[key], 1)}"
+             for key in sorted(data)]
+    return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
 def _json_lines(obj: Any, depth: int) -> str:
@@ -337,9 +362,91 @@ def _json_lines(obj: Any, depth: int) -> str:
     if isinstance(obj, dict) and obj and depth <= _DICT_LINES_DEPTH:
         lines = [f"{pad}{encode(key)}: {_json_lines(obj[key], depth + 1)}" for key in sorted(obj)]
         return "{\n" + ",\n".join(lines) + "\n" + " " * depth + "}"
-    if isinstance(obj, list) and obj and depth <= _DICT_LINES_DEPTH + 1 and isinstance(obj[0], (dict, list)):
+    if _is_records(obj, depth):
         return "[\n" + ",\n".join(pad + encode(x) for x in obj) + "\n" + " " * depth + "]"
     return encode(obj)
+
+
+def _is_records(obj: Any, depth: int) -> bool:
+    return isinstance(obj, list) and bool(obj) and depth <= _DICT_LINES_DEPTH + 1 and isinstance(obj[0], (dict, list))
+
+
+def _line_count(obj: Any, depth: int) -> int:
+    """How many lines :func:`_json_lines` writes for ``obj`` (without encoding it)."""
+    if isinstance(obj, dict) and obj and depth <= _DICT_LINES_DEPTH:
+        return 2 + sum(_line_count(value, depth + 1) - 1 for value in obj.values()) + len(obj)
+    if _is_records(obj, depth):
+        return 2 + len(obj)
+    return 1
+
+
+# ---- the graph's lines, kept from a loaded plan.json ------------------------------------------
+
+_GRAPH_KEY = '\n "graph": '          # the graph's entry as plan_json writes it (one space deep)
+_TOP_CLOSE = "\n }"                  # a one-space-deep closing brace: only the entry's own
+
+
+@dataclass
+class _GraphSection:
+    """The ``graph`` entry of a loaded plan.json: its data and its lines, for saving a plan of
+    the same :class:`Graph` object again (a replan keeps the old plan's graph).
+
+    Graphs are not changed after tracing (their hash keys the caches); the node and value
+    counts are checked anyway, and an entry goes when its graph does."""
+
+    graph: weakref.ref
+    data: dict[str, Any]
+    text: str
+    sizes: tuple[int, int]
+    _hash: str | None = None
+
+    _by_graph: ClassVar[dict[int, _GraphSection]] = {}
+
+    @staticmethod
+    def remember(graph: Graph, data: dict[str, Any], text: str) -> None:
+        key = id(graph)
+        _GraphSection._by_graph[key] = _GraphSection(weakref.ref(graph), data, text,
+                                                     (len(graph.nodes), len(graph.values)))
+        weakref.finalize(graph, _GraphSection._by_graph.pop, key, None)
+
+    @staticmethod
+    def of(graph: Graph) -> _GraphSection | None:
+        found = _GraphSection._by_graph.get(id(graph))
+        if found is None or found.graph() is not graph or found.sizes != (len(graph.nodes), len(graph.values)):
+            return None
+        return found
+
+    @property
+    def hash(self) -> str:
+        if self._hash is None:
+            self._hash = hash_of_json(self.data)
+        return self._hash
+
+
+def _split_graph(text: str) -> tuple[dict[str, Any] | None, str | None]:
+    """plan.json's data, read with its graph entry's text cut out and parsed on its own, and
+    that text; (None, None) when the file is not laid out as :func:`plan_json` writes it (the
+    caller then parses it whole). The entry is kept only if it has exactly the lines
+    plan_json writes for its data, so writing it again is what encoding it would give."""
+    start = text.find(_GRAPH_KEY)
+    if start < 0:
+        return None, None
+    begin = start + len(_GRAPH_KEY)
+    end = text.find(_TOP_CLOSE, begin)
+    if end < 0:
+        return None, None
+    end += len(_TOP_CLOSE)
+    try:
+        rest = json.loads(text[:begin] + "null" + text[end:])
+        graph = json.loads(text[begin:end])
+    except json.JSONDecodeError:
+        return None, None
+    entry = text[begin:end]
+    if not (isinstance(rest, dict) and "graph" in rest and rest["graph"] is None and isinstance(graph, dict)
+            and _line_count(graph, 1) == entry.count("\n") + 1):
+        return None, None
+    rest["graph"] = graph
+    return rest, entry
 
 
 # Values _canonical returns as they are (by exact type: a subclass takes the general path).

@@ -6,6 +6,8 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from hapc.collector import without_collection
+
 if TYPE_CHECKING:
     from hapc.plan import Plan
 
@@ -52,6 +54,7 @@ def _measured_line(plan: Plan) -> str:
             f"({table.device_name}, torch {table.torch_version}), the rest by the roofline")
 
 
+@without_collection
 def write_report(plan: Plan, out_dir: str | Path) -> Path:
     """``report.md`` with the summary, the layout of every collective, and ``report.svg``
     (written as text by :mod:`hapc.chart_svg`: no matplotlib in ``hapc compile``)."""

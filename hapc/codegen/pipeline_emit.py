@@ -22,7 +22,6 @@ whole (see :mod:`hapc.runtime.pipeline` for the layouts at a cut).
 
 from __future__ import annotations
 
-import ast
 import os
 import shutil
 from dataclasses import dataclass
@@ -245,11 +244,7 @@ def render_pipeline(plan: Plan, graph: Graph, model_name: str) -> str:
         "",
         f"STAGE_FORWARDS = ({', '.join(f'stage_{k}' for k in range(len(codes)))},)",
     ])
-    skeleton = emitter.SKELETON.read_text()
-    head, rest = skeleton.split(emitter.BEGIN, 1)
-    _, tail = rest.split(emitter.END, 1)
-    doc_end = ast.parse(skeleton).body[0].end_lineno
-    head = "\n".join(head.splitlines()[doc_end:])
+    head, tail = emitter.skeleton_parts()
     return _docstring(plan, model_name) + head.rstrip("\n") + "\n\n" + emitter.BEGIN + "\n" + body + "\n" + \
         emitter.END + tail
 
@@ -264,7 +259,7 @@ def _globals(plan: Plan, graph: Graph, model_name: str, pipe: Any, holders: dict
     reduction = loss_reduction(graph)
     lines = [
         f"MODEL_FILE = {model_name!r}",
-        f"MODEL_KWARGS: dict[str, Any] = {dict(plan.model.get('kwargs') or {})!r}",
+        emitter.model_kwargs_line(plan.model.get("kwargs")),
         "SEED = 0",
         f"OPTIMIZER = {plan.model.get('optimizer', 'adamw')!r}             # unless the model file defines optimizer(params)",
         f"WORLD = {plan.cluster.world}",
@@ -354,7 +349,7 @@ def _stage_table(k: int, code: _StageCode, crossing: list[list[str]], codes: lis
                      for b in crossing[k + 1])
     needs = {n: (b, _layout_code(layouts[n])) for n, b in code.needs.items()}
     hierarchical = any(runtime_facts.method_of(emitter._method(program, s, code.cluster))
-                       == emitter.HIER for s in code.steps if isinstance(s, Redistribute))
+                       == runtime_facts.hierarchical() for s in code.steps if isinstance(s, Redistribute))
     first_name, last_name = graph.nodes[code.first].name, graph.nodes[code.stop - 1].name
     fields = {
         "ranks": code.ranks,
