@@ -30,7 +30,7 @@ from costmodel.simulator import SimResult, simulate
 from hapc.collector import without_collection
 from hapc.errors import UserError
 from hapc.ir.graph import Graph, hash_of_json
-from hapc.ir.layout import parse_layout
+from hapc.ir.layout import Layout, parse_layout
 from hapc.ir.precision import Precision
 from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
 
@@ -294,18 +294,30 @@ def _steps_to_dict(program: DistProgram) -> list[dict[str, Any]]:
 
 def _program_from_dict(graph: Graph, data: dict[str, Any]) -> DistProgram:
     """A program from its ``shares``, ``source_layouts`` and ``steps`` entries."""
+    layout_of = _LAYOUTS.__getitem__
     program = DistProgram(graph, tuple(data["shares"]),
-                          {k: parse_layout(v) for k, v in data["source_layouts"].items()})
+                          {k: layout_of(v) for k, v in data["source_layouts"].items()})
     for s in data["steps"]:
         if "compute" in s:
-            strat = Strategy(tuple(parse_layout(x) for x in s["inputs"]),
-                             tuple(parse_layout(x) for x in s["outputs"]), s["local"],
+            strat = Strategy(tuple(layout_of(x) for x in s["inputs"]),
+                             tuple(layout_of(x) for x in s["outputs"]), s["local"],
                              tuple(s["rescale"]) if s["rescale"] else None)
             program.steps.append(Compute(s["compute"], strat, tuple(s["reads"])))
         else:
-            program.steps.append(Redistribute(s["redistribute"], s["out"], parse_layout(s["from"]),
-                                              parse_layout(s["to"]), s["method"]))
+            program.steps.append(Redistribute(s["redistribute"], s["out"], layout_of(s["from"]),
+                                              layout_of(s["to"]), s["method"]))
     return program
+
+
+class _LayoutsByText(dict):
+    """Layout text -> the (frozen) layout: a plan names a few layouts thousands of times."""
+
+    def __missing__(self, text: str) -> Layout:
+        layout = self[text] = parse_layout(text)
+        return layout
+
+
+_LAYOUTS = _LayoutsByText()
 
 
 def _pipeline_to_dict(pipeline: Pipeline, graph: Graph) -> dict[str, Any]:
@@ -374,7 +386,8 @@ def _is_records(obj: Any, depth: int) -> bool:
 def _line_count(obj: Any, depth: int) -> int:
     """How many lines :func:`_json_lines` writes for ``obj`` (without encoding it)."""
     if isinstance(obj, dict) and obj and depth <= _DICT_LINES_DEPTH:
-        return 2 + sum(_line_count(value, depth + 1) - 1 for value in obj.values()) + len(obj)
+        return 2 + len(obj) + sum(_line_count(value, depth + 1) - 1 for value in obj.values()
+                                  if isinstance(value, (dict, list)))
     if _is_records(obj, depth):
         return 2 + len(obj)
     return 1

@@ -184,13 +184,20 @@ def _pieces(program: DistProgram, value: str, layouts: dict[str, Layout]) -> tup
     return dim, tuple(program.lengths(value, dim))
 
 
+_NO_REF = Ref("")
+_PLAIN = frozenset({int, float, str, bool, type(None)})     # the constants most arguments are
+
+
 def _shape_of_args(args: Any) -> Any:
     """Constant arguments as they are; value references as a placeholder."""
+    kind = type(args)
+    if kind in _PLAIN:
+        return (kind.__name__, repr(args))
     if isinstance(args, Ref):
-        return Ref("")
+        return _NO_REF
     if isinstance(args, (list, tuple)):
-        return (type(args).__name__,) + tuple(_shape_of_args(a) for a in args)
-    return (type(args).__name__, repr(args))
+        return (kind.__name__,) + tuple(map(_shape_of_args, args))
+    return (kind.__name__, repr(args))
 
 
 def _reads(step, nodes: dict[str, Node]) -> tuple[str, ...]:

@@ -53,6 +53,7 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 # Names the generated forward uses for itself; values never take them.
 RESERVED = {"rt", "v", "aten", "torch", "math", "L", "C", "M", "forward", "nodes", "params", "Any"}
 BLOCK_FUNCTION = re.compile(r"block_\d+")     # names of the block functions (hapc.codegen.by_block)
+_NOT_WORD = re.compile(r"\W+")
 
 
 def emit(program: DistProgram, model_file: str, out_dir: str, *, model_kwargs: dict | None = None,
@@ -137,7 +138,10 @@ class _Names:
         taken: set[str] = set(RESERVED)
         every = list(program.graph.values) + [s.out for s in program.steps if isinstance(s, Redistribute)]
         for name in every:
-            base = re.sub(r"\W+", "_", name.replace("@", "_")).strip("_") or "value"
+            if name.isascii() and name.isidentifier() and name[0] != "_" and name[-1] != "_":
+                base = name             # what the substitution below leaves as it is
+            else:
+                base = _NOT_WORD.sub("_", name.replace("@", "_")).strip("_") or "value"
             if base[0].isdigit() or keyword.iskeyword(base):
                 base = f"v_{base}"
             ident, i = base, 1
