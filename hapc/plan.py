@@ -78,6 +78,11 @@ class Plan:
     # plan.json's ``predicted`` entry when the plan was loaded (what the cost model that wrote it
     # predicted); empty for a plan made in this process.
     recorded: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # A pipelined plan's graph at one micro-batch, as changes to ``graph`` (JSON-ready; see
+    # hapc.codegen.pipeline_emit): recorded by save() or emit(), so that emitting the plan
+    # from plan.json needs no torch. None until then, and for a one-stage plan.
+    microbatch_record: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    _micro: Any = field(default=None, init=False, repr=False, compare=False)   # its MicroTrace, once made
 
     # ---- the contract's properties ---------------------------------------------------------
     @property
@@ -212,6 +217,8 @@ class Plan:
         out["graph"] = graph if section is not None else _canonical(graph)     # a loaded one is canonical
         if self.pipeline is not None:
             out["pipeline"] = _canonical(_pipeline_to_dict(self.pipeline, self.graph))
+            if self.microbatch_record is not None:
+                out["pipeline"]["microbatch_graph"] = _canonical(self.microbatch_record)
             out["predicted"]["one_stage_seconds"] = out["predicted"]["iteration_seconds"]
             out["predicted"]["iteration_seconds"] = _canonical(self.cost)
             out["predicted"]["memory_bytes"] = _canonical(self.memory)
@@ -219,10 +226,25 @@ class Plan:
 
     @without_collection
     def save(self, path: str | Path) -> None:
+        if self.pipeline is not None:
+            self._record_micro_batch()
         data = self.to_dict()
         section = _GraphSection.of(self.graph)
         verbatim = {"graph": section.text} if section is not None and data["graph"] is section.data else {}
         Path(path).write_text(plan_json(data, verbatim))
+
+    def _record_micro_batch(self) -> None:
+        """Record the micro-batch graph (tracing the model, with torch, unless the plan holds a
+        record for its micro-batch already). A model that cannot be traced at one micro-batch
+        gets no record; emitting the plan then says why."""
+        from hapc.codegen.pipeline_emit import micro_batch_graph
+
+        if self._micro is None:
+            try:
+                self._micro = micro_batch_graph(self)
+            except UserError:
+                return
+            self.microbatch_record = self._micro.record
 
     @staticmethod
     @without_collection
@@ -254,23 +276,27 @@ class Plan:
             pipeline = _pipeline_from_dict(data["pipeline"], graph, cluster, model.get("optimizer", "adamw"))
         return Plan(program, cluster, None, data.get("name", "hapc"), dict(data.get("baselines", {})),
                     dict(data.get("search", {})), model, Precision.from_dict(data.get("precision")), pipeline,
-                    dict(data.get("predicted", {})))
+                    dict(data.get("predicted", {})), data.get("pipeline", {}).get("microbatch_graph"))
 
     @without_collection
     def emit(self, out_dir: str | Path, constants: dict | None = None) -> Path:
         """Write ``out_dir/program.py`` (and the model file beside it); see :mod:`hapc.codegen`.
 
         ``constants`` are tensors ``torch.export`` lifted out of the model (``Traced.constants``);
-        without them the program recovers them from the model at start-up. A pipelined plan traces
-        the model again at one micro-batch (:mod:`hapc.codegen.pipeline_emit`)."""
+        without them the program recovers them from the model at start-up. A pipelined plan needs
+        its graph at one micro-batch: from its record (plan.json), else traced (torch) and then
+        recorded (:mod:`hapc.codegen.pipeline_emit`)."""
         from hapc.codegen import emit
 
         if not self.model.get("file"):
             raise UserError("this plan has no model file to emit a program for (plan a model file)")
-        if self.pipeline is not None:       # stages: hapc.codegen.pipeline_emit (traces the micro-batch)
-            from hapc.codegen.pipeline_emit import emit_pipeline
+        if self.pipeline is not None:       # stages: hapc.codegen.pipeline_emit
+            from hapc.codegen.pipeline_emit import emit_pipeline, micro_batch_graph
 
-            return emit_pipeline(self, out_dir)
+            if self._micro is None:
+                self._micro = micro_batch_graph(self)
+                self.microbatch_record = self._micro.record
+            return emit_pipeline(self, out_dir, self._micro)
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         return Path(emit(self.program, self.model["file"], str(out), model_kwargs=self.model.get("kwargs", {}),
