@@ -100,10 +100,18 @@ def _module_constants(path: Path) -> dict[str, Any]:
     dicts) or to earlier such names, as Python would bind them; other statements are skipped."""
     text = path.read_text()
     try:
-        statements = [stmt for chunk in _top_level_chunks(text) if _ASSIGNMENT.match(chunk)
-                      for stmt in ast.parse(chunk).body]
+        statements = _assignments(text)
     except SyntaxError:         # a chunk cut inside a bracket or a string: read the whole file
         statements = ast.parse(text, str(path)).body
+    return _constants_of(statements)
+
+
+def _assignments(text: str) -> list[ast.stmt]:
+    """The module's top-level assignments, each parsed from its own chunk of ``text``."""
+    return [stmt for chunk in _top_level_chunks(text) if _ASSIGNMENT.match(chunk) for stmt in ast.parse(chunk).body]
+
+
+def _constants_of(statements: list[ast.stmt]) -> dict[str, Any]:
     env: dict[str, Any] = {}
     for stmt in statements:
         if isinstance(stmt, ast.Assign):
