@@ -214,7 +214,7 @@ class Plan:
             "search": self.search,
             "precision": self.precision.to_dict(),
         })
-        out["graph"] = graph if section is not None else _canonical(graph)     # a loaded one is canonical
+        out["graph"] = graph if section is not None else _canonical_graph(graph)   # a loaded one is canonical
         if self.pipeline is not None:
             out["pipeline"] = _canonical(_pipeline_to_dict(self.pipeline, self.graph))
             if self.microbatch_record is not None:
@@ -381,6 +381,14 @@ def _pipeline_from_dict(data: dict[str, Any], graph: Graph, cluster: Cluster, op
 # each record on one line.
 _DICT_LINES_DEPTH = 2
 _ENCODER = json.JSONEncoder(sort_keys=True)
+# The C encoder behind _ENCODER.encode, made once: encode() builds one per call, which was
+# most of the cost of a short record. Same text (separators, key order, float repr).
+_C_ENCODER = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
+    None, _ENCODER.default, json.encoder.encode_basestring_ascii, None, ": ", ", ", True, False, True)
+
+
+def _encode(obj: Any) -> str:
+    return "".join(_C_ENCODER(obj, 0)) if _C_ENCODER is not None else _ENCODER.encode(obj)
 
 
 def plan_json(data: dict[str, Any], verbatim: dict[str, str] | None = None) -> str:
@@ -390,13 +398,13 @@ def plan_json(data: dict[str, Any], verbatim: dict[str, str] | None = None) -> s
     for them before)."""
     if not verbatim:
         return _json_lines(data, 0) + "\n"
-    lines = [f" {_ENCODER.encode(key)}: {verbatim[key] if key in verbatim else _json_lines(data[key], 1)}"
+    lines = [f" {_encode(key)}: {verbatim[key] if key in verbatim else _json_lines(data[key], 1)}"
              for key in sorted(data)]
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
 def _json_lines(obj: Any, depth: int) -> str:
-    pad, encode = " " * (depth + 1), _ENCODER.encode
+    pad, encode = " " * (depth + 1), _encode
     if isinstance(obj, dict) and obj and depth <= _DICT_LINES_DEPTH:
         lines = [f"{pad}{encode(key)}: {_json_lines(obj[key], depth + 1)}" for key in sorted(obj)]
         return "{\n" + ",\n".join(lines) + "\n" + " " * depth + "}"
@@ -486,6 +494,19 @@ def _split_graph(text: str) -> tuple[dict[str, Any] | None, str | None]:
         return None, None
     rest["graph"] = graph
     return rest, entry
+
+
+# Graph.to_dict entries that hold no float and no tuple (names, shapes, source lines): already
+# canonical. The name lists are the graph's own and get copied; the others are made by to_dict.
+_GRAPH_NAME_LISTS = frozenset({"inputs", "params", "buffers"})
+_GRAPH_PLAIN = frozenset({"values", "output", "sources", "mutates"}) | _GRAPH_NAME_LISTS
+
+
+def _canonical_graph(graph: dict[str, Any]) -> dict[str, Any]:
+    """:func:`_canonical` of a ``Graph.to_dict()``, walking only the entries that can hold floats
+    (node arguments, costs, torch's facts)."""
+    return {key: _canonical(value) if key not in _GRAPH_PLAIN else list(value) if key in _GRAPH_NAME_LISTS
+            else value for key, value in graph.items()}
 
 
 # Values _canonical returns as they are (by exact type: a subclass takes the general path).
