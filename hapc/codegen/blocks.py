@@ -73,6 +73,12 @@ def find_blocks(program: DistProgram, *, min_steps: int = MIN_BLOCK_STEPS) -> li
     last_read = _last_reads(flow)
     crossing = _live_across(flow, last_read)
     made: dict[tuple[int, int], tuple] = {}       # (start, stop) -> its _canonical
+    owned: list[list[frozenset]] = []
+
+    def owners() -> list[frozenset]:
+        if not owned:
+            owned.append(_param_owners(program, flow))
+        return owned[0]
 
     def canonical(start: int, stop: int) -> tuple:
         if (start, stop) not in made:
@@ -90,7 +96,7 @@ def find_blocks(program: DistProgram, *, min_steps: int = MIN_BLOCK_STEPS) -> li
         # stream plus a branch), among the phases that keep the most copies; then where its
         # parameters belong to fewest modules of a list (blocks.3 alone, not blocks.2 and blocks.3).
         phase = min(range(period), key=lambda f: (-((stop - start - f) // period), crossing[start + f],
-                                                  _layers_touched(program, flow, start + f, start + f + period), f))
+                                                  _layers_touched(owners(), start + f, start + f + period), f))
         first = start + phase
         copies = [(first + k * period, first + (k + 1) * period) for k in range((stop - first) // period)]
         forms = [canonical(s, e)[0] for s, e in copies]
@@ -230,16 +236,26 @@ def _canonical(flow: _Flow, tokens: list[int], start: int, stop: int):
     return tuple(form), list(externals), internal
 
 
-def _layers_touched(program: DistProgram, flow: _Flow, start: int, stop: int) -> int:
-    """How many numbered modules (``blocks.3``) own the parameters steps ``[start, stop)`` read."""
+def _param_owners(program: DistProgram, flow: _Flow) -> list[frozenset]:
+    """Per step, the numbered modules (``blocks.3`` -> ("3",)) owning the parameters it reads."""
     values = program.graph.values
-    owners = set()
-    for reads in flow.reads[start:stop]:
+    of_value: dict[str, tuple[str, ...] | None] = {}
+    out = []
+    for reads in flow.reads:
+        owners = set()
         for value in reads:
-            target = values[value].target if value in values and values[value].kind == "param" else None
-            if target:
-                owners.add(tuple(_LIST_INDEX.findall(target)))
-    return len(owners)
+            if value not in of_value:
+                target = values[value].target if value in values and values[value].kind == "param" else None
+                of_value[value] = tuple(_LIST_INDEX.findall(target)) if target else None
+            if of_value[value] is not None:
+                owners.add(of_value[value])
+        out.append(frozenset(owners))
+    return out
+
+
+def _layers_touched(owners: list[frozenset], start: int, stop: int) -> int:
+    """How many numbered modules (``blocks.3``) own the parameters steps ``[start, stop)`` read."""
+    return len(frozenset().union(*owners[start:stop]))
 
 
 def _last_reads(flow: _Flow) -> dict[str, int]:
