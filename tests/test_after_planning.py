@@ -148,3 +148,26 @@ def test_model_kwargs_are_written_sorted_whatever_order_they_came_in():
     assert emitter.model_kwargs_line({"layers": 2, "batch": 4}) == \
         "MODEL_KWARGS: dict[str, Any] = {'batch': 4, 'layers': 2}"
     assert emitter.model_kwargs_line(None) == "MODEL_KWARGS: dict[str, Any] = {}"
+
+
+def test_runs_of_a_period_are_the_maximal_stretches_a_plain_scan_finds():
+    import random
+
+    from hapc.codegen.repeats import Repeat, _runs
+
+    def scanned(ids: list[int], period: int) -> list[Repeat]:
+        out, start = [], None
+        for i in range(len(ids) - period + 1):
+            same = i + period < len(ids) and ids[i] == ids[i + period]
+            if same and start is None:
+                start = i
+            elif not same and start is not None:
+                out.append(Repeat(start, i + period, period))
+                start = None
+        return out
+
+    rng = random.Random(0)
+    for _ in range(500):
+        ids = [rng.randint(0, 2) for _ in range(rng.randint(0, 30))]
+        for period in range(1, len(ids) + 2):
+            assert _runs(ids, period) == scanned(ids, period), (ids, period)
