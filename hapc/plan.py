@@ -226,7 +226,7 @@ class Plan:
 
     @without_collection
     def save(self, path: str | Path) -> None:
-        if self.pipeline is not None:
+        if self.pipeline is not None and self.model.get("file"):
             self._record_micro_batch()
         data = self.to_dict()
         section = _GraphSection.of(self.graph)
@@ -234,9 +234,9 @@ class Plan:
         Path(path).write_text(plan_json(data, verbatim))
 
     def _record_micro_batch(self) -> None:
-        """Record the micro-batch graph (tracing the model, with torch, unless the plan holds a
-        record for its micro-batch already). A model that cannot be traced at one micro-batch
-        gets no record; emitting the plan then says why."""
+        """Record the micro-batch graph (tracing the model file, with torch, unless the plan
+        holds a record for its micro-batch already). A model that cannot be traced at one
+        micro-batch gets no record; emitting the plan then says why."""
         from hapc.codegen.pipeline_emit import micro_batch_graph
 
         if self._micro is None:
