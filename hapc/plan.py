@@ -203,7 +203,6 @@ class Plan:
             "cluster": cluster,
             "shares": list(self.program.shares),
             "source_layouts": {k: repr(v) for k, v in sorted(self.program.source_layouts.items())},
-            "steps": steps,
             "predicted": {
                 "iteration_seconds": sim.iteration_seconds,
                 "compute_seconds": sim.compute_seconds, "comm_seconds": sim.comm_seconds,
@@ -214,6 +213,7 @@ class Plan:
             "search": self.search,
             "precision": self.precision.to_dict(),
         })
+        out["steps"] = steps        # canonical as made: names, layout texts, ints
         out["graph"] = graph if section is not None else _canonical_graph(graph)   # a loaded one is canonical
         if self.pipeline is not None:
             out["pipeline"] = _canonical(_pipeline_to_dict(self.pipeline, self.graph))
@@ -305,6 +305,7 @@ class Plan:
 
 
 def _steps_to_dict(program: DistProgram) -> list[dict[str, Any]]:
+    """The program's steps, JSON-ready and canonical as they are (strings, ints, lists: no float)."""
     steps: list[dict[str, Any]] = []
     for s in program.steps:
         if isinstance(s, Compute):
