@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from hapc.codegen.repeats import longest_repeat
 from hapc.ir.graph import Node, Ref
@@ -122,8 +122,7 @@ def find_blocks(program: DistProgram, *, min_steps: int = MIN_BLOCK_STEPS) -> li
     return blocks
 
 
-@dataclass(frozen=True)
-class _Flow:
+class _Flow(NamedTuple):
     """The values each program step reads and writes, by step index."""
 
     reads: list[tuple[str, ...]]
