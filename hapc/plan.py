@@ -224,27 +224,31 @@ class Plan:
             out["predicted"]["memory_bytes"] = _canonical(self.memory)
         return out
 
-    @without_collection
     def save(self, path: str | Path) -> None:
         if self.pipeline is not None and self.model.get("file"):
-            self._record_micro_batch()
+            try:
+                self._micro_batch()
+            except UserError:       # no record; emitting the plan says why
+                pass
+        self._write(Path(path))
+
+    @without_collection
+    def _write(self, path: Path) -> None:
         data = self.to_dict()
         section = _GraphSection.of(self.graph)
         verbatim = {"graph": section.text} if section is not None and data["graph"] is section.data else {}
-        Path(path).write_text(plan_json(data, verbatim))
+        path.write_text(plan_json(data, verbatim))
 
-    def _record_micro_batch(self) -> None:
-        """Record the micro-batch graph (tracing the model file, with torch, unless the plan
-        holds a record for its micro-batch already). A model that cannot be traced at one
-        micro-batch gets no record; emitting the plan then says why."""
+    def _micro_batch(self) -> Any:
+        """A pipelined plan's graph at one micro-batch (a MicroTrace), made once: from the plan's
+        record, else by tracing the model file (torch), which is then recorded. Outside the
+        paused collector: a trace makes cyclic garbage."""
         from hapc.codegen.pipeline_emit import micro_batch_graph
 
         if self._micro is None:
-            try:
-                self._micro = micro_batch_graph(self)
-            except UserError:
-                return
+            self._micro = micro_batch_graph(self)
             self.microbatch_record = self._micro.record
+        return self._micro
 
     @staticmethod
     @without_collection
@@ -278,7 +282,6 @@ class Plan:
                     dict(data.get("search", {})), model, Precision.from_dict(data.get("precision")), pipeline,
                     dict(data.get("predicted", {})), data.get("pipeline", {}).get("microbatch_graph"))
 
-    @without_collection
     def emit(self, out_dir: str | Path, constants: dict | None = None) -> Path:
         """Write ``out_dir/program.py`` (and the model file beside it); see :mod:`hapc.codegen`.
 
@@ -286,18 +289,19 @@ class Plan:
         without them the program recovers them from the model at start-up. A pipelined plan needs
         its graph at one micro-batch: from its record (plan.json), else traced (torch) and then
         recorded (:mod:`hapc.codegen.pipeline_emit`)."""
-        from hapc.codegen import emit
-
         if not self.model.get("file"):
             raise UserError("this plan has no model file to emit a program for (plan a model file)")
-        if self.pipeline is not None:       # stages: hapc.codegen.pipeline_emit
-            from hapc.codegen.pipeline_emit import emit_pipeline, micro_batch_graph
+        micro = self._micro_batch() if self.pipeline is not None else None
+        return self._emit(Path(out_dir), constants, micro)
 
-            if self._micro is None:
-                self._micro = micro_batch_graph(self)
-                self.microbatch_record = self._micro.record
-            return emit_pipeline(self, out_dir, self._micro)
-        out = Path(out_dir)
+    @without_collection
+    def _emit(self, out: Path, constants: dict | None, micro: Any) -> Path:
+        from hapc.codegen import emit
+
+        if micro is not None:       # stages: hapc.codegen.pipeline_emit
+            from hapc.codegen.pipeline_emit import emit_pipeline
+
+            return emit_pipeline(self, out, micro)
         out.mkdir(parents=True, exist_ok=True)
         return Path(emit(self.program, self.model["file"], str(out), model_kwargs=self.model.get("kwargs", {}),
                          optimizer=self.model.get("optimizer", "adamw"), plan_summary=self.summary(),
