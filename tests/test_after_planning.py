@@ -171,3 +171,19 @@ def test_runs_of_a_period_are_the_maximal_stretches_a_plain_scan_finds():
         ids = [rng.randint(0, 2) for _ in range(rng.randint(0, 30))]
         for period in range(1, len(ids) + 2):
             assert _runs(ids, period) == scanned(ids, period), (ids, period)
+
+
+def test_a_replanned_plan_writes_the_old_plans_graph_lines_again(tmp_path):
+    """The saving above holds because a replan keeps the old plan's Graph object; if it ever
+    copies the graph, plan.json stays right but the replan's save pays the full encoding."""
+    from costmodel.cluster_edit import surviving_ranks, without_devices
+    from hapc.replan import replan
+
+    _tiny_plan().save(tmp_path / "old.json")
+    old = Plan.load(tmp_path / "old.json")
+    done = replan(old, without_devices(old.cluster, [3]), survivors=surviving_ranks(4, [3]), effort="quick")
+    assert done.plan.graph is old.graph and _GraphSection.of(done.plan.graph) is not None
+    done.plan.save(tmp_path / "new.json")
+    fresh = json.loads((tmp_path / "new.json").read_text())
+    assert fresh["graph"] == json.loads((tmp_path / "old.json").read_text())["graph"]
+    assert fresh["graph_hash"] == old.graph.hash()
