@@ -188,6 +188,8 @@ class Plan:
 
     # ---- files -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """plan.json's data (canonical). For a loaded graph the ``graph`` entry is the dict read
+        from the file, shared with the plan's next save: read it, do not change it."""
         steps = _steps_to_dict(self.program)
         section = _GraphSection.of(self.graph)
         graph = section.data if section is not None else self.graph.to_dict()
