@@ -44,11 +44,9 @@ from typing import Any
 import numpy as np
 
 from costmodel.cluster import Cluster, Link
-from costmodel.collectives import best_variant
-from costmodel.compute import ComputeTime, node_seconds
-from costmodel.internal import internal_all_reduces
 from costmodel.memory import kept_for_backward, optimizer_copies
-from costmodel.simulator import SFB_LOCAL, _fractions, factor_synced_params
+from costmodel.simcache import SimulationCache
+from costmodel.simulator import SFB_LOCAL, _ClassFractions, factor_synced_params
 from costmodel.transfers import backward_move, forward_move, local_bytes
 from hapc.ir.graph import Graph
 from hapc.ir.layout import Replicate
@@ -173,8 +171,12 @@ class ProgramPricer:
         self.moves: list[tuple[int, str, str, tuple[float, ...], tuple | None, bool]] = []
         self.fixed_comm = np.zeros((n, 2))   # internal all-reduces (a few bytes; not scaled)
         launch = cluster.launch_latency_seconds
-        kinds = [(tuple(d.peak_flops.values()), d.hbm_bandwidth_Bps) for d in cluster.devices]
-        one_kind = len(set(kinds)) == 1
+        # Repeated layers price alike: node times, a step's share of the work and collectives
+        # are looked up by what they depend on (the simulator's own caches, the same floats).
+        cache = self._cache = SimulationCache(graph, cluster)
+        shares = _ClassFractions(program, range(world))
+        lanes = [(r, cache.device_key(r)) for r in range(world)]
+        rows_of: dict[tuple, tuple[list[float], list[float], list[float], list[float]]] = {}
         pending: list[Redistribute] = []
 
         def add_move(i: int, step: Redistribute) -> None:
@@ -182,6 +184,9 @@ class ProgramPricer:
             for move, phase in ((forward_move(program, step), "fwd"), (backward_move(program, step), "bwd")):
                 if move is not None:
                     self.moves.append((i, phase, move.kind, move.piece_bytes, move.send_matrix, scales))
+
+        def all_reduces_seconds(nbytes: list[float]) -> float:
+            return sum(cache.best("all_reduce", [b] * world)[1] for b in nbytes)
 
         for step in program.steps:
             if isinstance(step, Redistribute):
@@ -193,30 +198,26 @@ class ProgramPricer:
                 add_move(i, r_step)
             pending = []
             self.scaled[i] = facts.scaled[i]
-            seen: dict[tuple, tuple[float, float]] = {}      # equal devices with equal pieces price alike
-            fracs = _fractions(program, step, node.outputs)
-            if one_kind and fracs.count(fracs[0]) == world:       # the common case: one price for all
-                t: ComputeTime = node_seconds(node, graph, cluster.devices[0], cluster, fracs[0])
-                f_row, b_row = [t.fwd_seconds] * world, [t.bwd_seconds] * world
-            else:
-                times = []
-                for r, frac in enumerate(fracs):
-                    key = (frac, kinds[r])
-                    if key not in seen:
-                        t = node_seconds(node, graph, cluster.devices[r], cluster, frac)
-                        seen[key] = (t.fwd_seconds, t.bwd_seconds)
-                    times.append(seen[key])
-                f_row, b_row = [f for f, _ in times], [b for _, b in times]
-            for rows, launches, row in ((fwd_rows, fwd_launches, f_row), (bwd_rows, bwd_launches, b_row)):
-                here = [launch if x > 0 else 0.0 for x in row]
+            node_key = cache.node_key(node)
+            fracs = shares.of(step, node.outputs)
+            priced = rows_of.get((node_key, fracs))
+            if priced is None:
+                times = [cache.node_time(node, node_key, r, dk, f) for (r, dk), f in zip(lanes, fracs)]
+                f_row, b_row = [t.fwd_seconds for t in times], [t.bwd_seconds for t in times]
+                priced = rows_of[(node_key, fracs)] = (f_row, b_row, [launch if x > 0 else 0.0 for x in f_row],
+                                                       [launch if x > 0 else 0.0 for x in b_row])
+            for rows, launches, row, here in ((fwd_rows, fwd_launches, priced[0], priced[2]),
+                                              (bwd_rows, bwd_launches, priced[1], priced[3])):
                 if i in rows:            # a node priced by two steps: add up
                     row = [a + b for a, b in zip(rows[i], row)]
                     here = [a + b for a, b in zip(launches[i], here)]
                 rows[i], launches[i] = row, here
             if world > 1:
-                fwd_b, bwd_b = internal_all_reduces(step.strategy.local, node, graph)
-                self.fixed_comm[i, 0] += sum(best_variant("all_reduce", [b] * world, cluster)[1] for b in fwd_b)
-                self.fixed_comm[i, 1] += sum(best_variant("all_reduce", [b] * world, cluster)[1] for b in bwd_b)
+                fwd_b, bwd_b = cache.internal(step.strategy.local, node)
+                if fwd_b:
+                    self.fixed_comm[i, 0] += all_reduces_seconds(fwd_b)
+                if bwd_b:
+                    self.fixed_comm[i, 1] += all_reduces_seconds(bwd_b)
                 if step.strategy.local == SFB_LOCAL:
                     for name, lay in ((step.inputs[0], step.strategy.inputs[0]),
                                       (node.outputs[0], step.strategy.outputs[0])):
@@ -297,7 +298,7 @@ class ProgramPricer:
                     target[i, r] += sized[r] / (dev.hbm_bandwidth_Bps * self.cluster.efficiency["hbm"])
                 continue
             mat = None if matrix is None else [[b * s for b in row] for row in matrix]
-            comm[i, 0 if phase == "fwd" else 1] += best_variant(kind, sized, self.cluster, send_matrix=mat)[1]
+            comm[i, 0 if phase == "fwd" else 1] += self._cache.best(kind, sized, mat)[1]
         act = self.act / m + self.act_fixed
 
         def prefix(a: np.ndarray) -> np.ndarray:
