@@ -57,9 +57,13 @@ SCHEDULES = ("1f1b", "gpipe")
 
 def batch_dependent_values(graph: Graph) -> set[str]:
     """Values computed from a model input: they shrink with the micro-batch."""
+    return set(graph_facts(graph).batch)
+
+
+def _batch_dependent(graph: Graph, refs: list[tuple[str, ...]]) -> set[str]:
     found = set(graph.inputs)
-    for node in graph.nodes:
-        if any(v in found for v in node.input_refs()):
+    for node, reads in zip(graph.nodes, refs):
+        if any(v in found for v in reads):
             found.update(node.outputs)
     return found
 
@@ -103,14 +107,15 @@ class ProgramProfile:
 @dataclass(frozen=True)
 class GraphFacts:
     """What every group's pricer asks of the graph, found once per graph: node positions, the
-    values that shrink with the micro-batch, the nodes whose outputs do, and which nodes read
-    each parameter, buffer and input."""
+    values that shrink with the micro-batch, the nodes whose outputs do, which nodes read
+    each parameter, buffer and input, and what each node reads (``refs``, in node order)."""
 
     index: dict[str, int]
     nodes: dict[str, Any]
     batch: set[str]
     scaled: list[bool]
     uses: dict[str, list[int]]
+    refs: list[tuple[str, ...]]
 
 
 _FACTS: dict[int, tuple[weakref.ref, GraphFacts]] = {}
@@ -123,14 +128,15 @@ def graph_facts(graph: Graph) -> GraphFacts:
     if hit is not None and hit[0]() is graph:
         return hit[1]
     index = {node.name: i for i, node in enumerate(graph.nodes)}
-    batch = batch_dependent_values(graph)
+    refs = [tuple(node.input_refs()) for node in graph.nodes]
+    batch = _batch_dependent(graph, refs)
     uses: dict[str, list[int]] = {}
-    for i, node in enumerate(graph.nodes):
-        for ref in node.input_refs():
+    for i, reads in enumerate(refs):
+        for ref in reads:
             if graph.values[ref].kind in ("param", "buffer", "input"):
                 uses.setdefault(ref, []).append(i)
     facts = GraphFacts(index, {node.name: node for node in graph.nodes}, batch,
-                       [any(o in batch for o in node.outputs) for node in graph.nodes], uses)
+                       [any(o in batch for o in node.outputs) for node in graph.nodes], uses, refs)
     for key in [k for k, (ref, _) in _FACTS.items() if ref() is None]:
         del _FACTS[key]
     _FACTS[id(graph)] = (weakref.ref(graph), facts)
@@ -313,14 +319,13 @@ def boundary_bytes(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     """Bytes of activations live across each cut ``i`` (produced before node ``i``, read at or
     after it), forward and the part that carries a gradient back: index ``i`` in ``[0, n]``."""
     n = len(graph.nodes)
-    index = {node.name: i for i, node in enumerate(graph.nodes)}
     produced: dict[str, int] = {}
     last_use: dict[str, int] = {}
-    for node in graph.nodes:
+    for i, (node, reads) in enumerate(zip(graph.nodes, graph_facts(graph).refs)):
         for out in node.outputs:
-            produced[out] = index[node.name]
-        for ref in node.input_refs():
-            last_use[ref] = index[node.name]
+            produced[out] = i
+        for ref in reads:
+            last_use[ref] = i
     fwd = np.zeros(n + 1)
     bwd = np.zeros(n + 1)
     for value, p in produced.items():
