@@ -135,6 +135,7 @@ class StagePlanner:
         self.optimizer = optimizer
         self.say = progress or (lambda msg: None)
         self._synthesize_group = group_synthesizer or self._default_group_program
+        self._default_synthesizer = group_synthesizer is None
         self._programs: dict[str, DistProgram] = {}
         self._pricers: dict[str, ProgramPricer] = {}
         self._profiles: dict[tuple[str, int], ProgramProfile] = {}
@@ -153,6 +154,7 @@ class StagePlanner:
         self._bounds: dict[str, StageBounds] = {}
         self._bound_matrices: dict[tuple[str, int], dict[str, np.ndarray]] = {}
         self._send_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._beside: tuple | None = None      # the child synthesising half the groups (start_groups)
 
     # ---- groups ------------------------------------------------------------------------------
     def _default_group_program(self, graph: Graph, group: Cluster) -> DistProgram:
@@ -179,6 +181,62 @@ class StagePlanner:
             self._programs[group.key] = self._synthesize_group(self.graph, group.cluster)
             self.group_syntheses += 1
         return self._programs[group.key]
+
+    # ---- every group's program and profiles, half of them in a child process ----------------------
+    def start_groups(self) -> None:
+        """Start synthesising and pricing the search's groups: half of them in a forked child on
+        the spare core (:mod:`hapc.forked`), while this process goes on (the ``pipeline-even``
+        baseline, then the other half in :meth:`_finish_groups`). Each group's A* and pricer do
+        not depend on another's, so the results are the same as one after the other; without a
+        spare core (or with ``HAPC_SERIAL`` set) everything runs here, when first asked for.
+        Not with ``lazy_groups``: that synthesises only the groups a plan needs."""
+        if self._beside is not None or self.lazy_groups:
+            return
+        from hapc.forked import Beside, spare_core    # a stdlib-only helper; no layer above synth
+
+        work: dict[str, tuple[_Group, set[int]]] = {}
+        for nodes in self.device_orders():
+            _, starts = self.groups_of(nodes)
+            groups = [g for gs in starts.values() for g in gs]
+            for m in self.microbatch_counts(groups):
+                for g in groups:
+                    if len(g.ranks) <= max(1, self.batch // m) and g.key not in self._programs:
+                        work.setdefault(g.key, (g, set()))[1].add(m)
+        todo = [(g, sorted(ms)) for g, ms in work.values()]
+        # The child takes every other group whose program is one A* (equal devices, the default
+        # synthesiser): an unequal group's share LP would run HiGHS, whose threads a fork does not copy.
+        one_search = [t for t in todo if t[0].cluster.is_homogeneous and self._default_synthesizer]
+        theirs = one_search[1::2]
+        ours = [t for t in todo if all(t is not x for x in theirs)]
+        self._beside = (Beside(lambda: [self._group_work(g, ms) for g, ms in theirs]), theirs, ours) \
+            if theirs and spare_core() else (None, [], [])
+
+    def _group_work(self, group: _Group, counts: list[int]) -> tuple:
+        """What the child sends back for one group: its program's parts and its profiles."""
+        self.say = lambda msg: None          # the parent reports these groups when it takes them
+        program = self.group_program(group)
+        return program.steps, program.source_layouts, program.shares, program._blocks, \
+            [self.profile(group, m) for m in counts]
+
+    def _finish_groups(self) -> None:
+        """This process's half of :meth:`start_groups`, then the child's, taken in."""
+        if self._beside is None:
+            self.start_groups()
+        if self._beside is None or self._beside[0] is None:
+            return
+        child, theirs, ours = self._beside
+        self._beside = (None, [], [])
+        for group, counts in ours:
+            for m in counts:
+                self.profile(group, m)
+        for (group, counts), (steps, layouts, shares, blocks, profiles) in zip(theirs, child.result()):
+            if group.key in self._programs:
+                continue
+            self.say(f"pipeline: synthesising the program of a {group.cluster.describe()} group")
+            self._programs[group.key] = DistProgram(self.graph, shares, layouts, steps, _blocks=blocks)
+            self.group_syntheses += 1
+            for m, prof in zip(counts, profiles):
+                self._profiles.setdefault((group.key, m), prof)
 
     def profile(self, group: _Group, microbatches: int) -> ProgramProfile:
         key = (group.key, microbatches)
@@ -333,6 +391,19 @@ class StagePlanner:
         ``stages``/``microbatches``/``schedule`` force those choices (the CLI's flags).
         ``incumbent_seconds`` (the best plan without stages) prunes: a pipeline is only
         returned when it is faster, and None then means none is (up to the reported gap)."""
+        try:
+            return self._plan(stages, microbatches, schedule, incumbent_seconds)
+        finally:
+            self._drop_child()
+
+    def _drop_child(self) -> None:
+        """Stop a child :meth:`start_groups` left running (a plan that returned early)."""
+        if self._beside is not None and self._beside[0] is not None:
+            self._beside[0].cancel()
+            self._beside = None
+
+    def _plan(self, stages: int | None, microbatches: int | None, schedule: str | None,
+              incumbent_seconds: float | None) -> Pipeline | None:
         started = time.perf_counter()
         if len(self.cuts) < 3:
             if stages:
@@ -350,6 +421,7 @@ class StagePlanner:
         bound = math.inf if incumbent_seconds is None else float(incumbent_seconds)
         if bound < math.inf and lower_bound_seconds(self.graph, self.cluster) >= bound:
             return None          # not even a perfectly balanced pipeline computes faster than the incumbent
+        self._finish_groups()
         problems = []
         for order, nodes in enumerate(self.device_orders()):
             positions, starts = self.groups_of(nodes)
@@ -512,6 +584,7 @@ def pipeline_even(planner: StagePlanner) -> Pipeline | None:
     inner = planner.cuts[1:-1]
     if len(nodes) < 2 or len(inner) < len(nodes) - 1:
         return None
+    planner.start_groups()          # the stage search's groups, beside this baseline
     picks = [inner[round(k * (len(inner) + 1) / len(nodes)) - 1] for k in range(1, len(nodes))]
     bounds = [0] + picks + [len(planner.graph.nodes)]
     at = {c: i for i, c in enumerate(planner.cuts)}

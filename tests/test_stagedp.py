@@ -78,3 +78,44 @@ def test_collapsed_stage_counts_solve_every_problem_alike(load_model, cluster_na
                 assert exact[0] == pytest.approx(ref_exact[0], rel=1e-12)
                 v, chosen = exact
                 assert stagedp.pipeline_sum(chosen) + stagedp.tail_excess(chosen) == pytest.approx(v, rel=1e-12)
+
+
+def test_groups_synthesised_in_a_child_match_the_serial_ones(load_model, monkeypatch):
+    """Half the groups' programs and profiles come from a forked child (synth.stages
+    start_groups): the plan, the programs and every profile are those found one after the other."""
+    import torch
+
+    from hapc.forked import spare_core
+    from hapc.tracer import trace
+    from synth.stages import StagePlanner, pipeline_even
+
+    if not spare_core():
+        pytest.skip("one core: no child to compare")
+    mod = load_model("gpt")
+    with torch.device("meta"):
+        model = mod.model(**GPT)
+    graph = trace(model, tuple(t.to("meta") for t in mod.inputs(**GPT))).graph
+    cluster = load_cluster(str(REPO / "configs" / "clusters" / "cpu-2nodes-2x2.yaml"))
+    planners, plans = [], []
+    for serial in (True, False):
+        if serial:
+            monkeypatch.setenv("HAPC_SERIAL", "1")
+        else:
+            monkeypatch.delenv("HAPC_SERIAL")
+        planner = StagePlanner(graph, cluster)
+        even = pipeline_even(planner)
+        if not serial:
+            assert planner._beside[0] is not None and planner._beside[0].forked
+        planners.append(planner)
+        plans.append((even.iteration_seconds, planner.plan()))
+    (even_a, a), (even_b, b) = plans
+    assert even_a == even_b and a.iteration_seconds == b.iteration_seconds
+    assert [(s.first_node, s.stop_node, s.ranks) for s in a.stages] == [(s.first_node, s.stop_node, s.ranks) for s in b.stages]
+    assert a.search["group_syntheses"] == b.search["group_syntheses"] == len(planners[0]._programs)
+    for key, program in planners[0]._programs.items():
+        assert planners[1]._programs[key].steps == program.steps
+    assert planners[0]._profiles.keys() == planners[1]._profiles.keys()
+    for key, prof in planners[0]._profiles.items():
+        other = planners[1]._profiles[key]
+        assert all(np.array_equal(getattr(prof, f), getattr(other, f))
+                   for f in ("fwd_compute", "bwd_compute", "fwd_comm", "bwd_comm", "static_bytes", "activation_bytes"))
