@@ -77,8 +77,8 @@ class ProgramProfile:
     gradients to all-reduce (``grad_sync_bytes``), each rank's optimizer seconds and its
     parameter + gradient + optimizer-state bytes (``static_bytes``); per micro-batch, each
     rank's activation bytes kept for backward (``activation_bytes``). A parameter is charged
-    to the node that reads it first; ``param_uses`` lists every node reading it, for stages
-    that share one.
+    to the node that reads it first; for a parameter read by two or more nodes (a head tied
+    to its embedding), ``param_uses`` lists them, for stages that share it.
     """
 
     cluster: Cluster
@@ -282,9 +282,10 @@ class ProgramPricer:
                 self.opt[i] += np.where(piece > 0, piece * accesses / hbm_Bps + cluster.launch_latency_seconds, 0.0)
                 if isinstance(layout, Replicate) and world > 1 and name not in synced_by_factors:
                     self.grad[i] += piece[0]
-                    self.param_grad[name] = float(piece[0])
+                    if len(uses[name]) > 1:
+                        self.param_grad[name] = float(piece[0])
             self.static[i] += held
-            if value.kind == "param":
+            if value.kind == "param" and len(uses[name]) > 1:      # only a shared one can be in two stages
                 self.first_use[name] = i
                 self.param_uses[name] = uses[name]
                 self.param_static[name] = held

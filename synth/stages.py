@@ -52,6 +52,7 @@ Deterministic: groups, cuts and caps are enumerated in fixed orders and ties kee
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -183,13 +184,14 @@ class StagePlanner:
         return self._programs[group.key]
 
     # ---- every group's program and profiles, half of them in a child process ----------------------
-    def start_groups(self) -> None:
-        """Start synthesising and pricing the search's groups: half of them in a forked child on
-        the spare core (:mod:`hapc.forked`), while this process goes on (the ``pipeline-even``
-        baseline, then the other half in :meth:`_finish_groups`). Each group's A* and pricer do
-        not depend on another's, so the results are the same as one after the other; without a
-        spare core (or with ``HAPC_SERIAL`` set) everything runs here, when first asked for.
-        Not with ``lazy_groups``: that synthesises only the groups a plan needs."""
+    def start_groups(self, child_share: float = 0.6) -> None:
+        """Start synthesising and pricing the search's groups: ``child_share`` of them in a
+        forked child on the spare core (:mod:`hapc.forked`), while this process goes on (the
+        one-stage search when started before it, the ``pipeline-even`` baseline, then the other
+        groups in :meth:`_finish_groups`). Each group's A* and pricer do not depend on another's,
+        so the results are the same as one after the other; without a spare core (or with
+        ``HAPC_SERIAL`` set) everything runs here, when first asked for. Not with
+        ``lazy_groups``: that synthesises only the groups a plan needs."""
         if self._beside is not None or self.lazy_groups:
             return
         from hapc.forked import Beside, spare_core    # a stdlib-only helper; no layer above synth
@@ -206,10 +208,18 @@ class StagePlanner:
         # The child takes every other group whose program is one A* (equal devices, the default
         # synthesiser): an unequal group's share LP would run HiGHS, whose threads a fork does not copy.
         one_search = [t for t in todo if t[0].cluster.is_homogeneous and self._default_synthesizer]
-        theirs = one_search[1::2]
+        theirs = (one_search[1::2] + one_search[0::2][::-1])[:math.ceil(child_share * len(one_search))]
         ours = [t for t in todo if all(t is not x for x in theirs)]
-        self._beside = (Beside(lambda: [self._group_work(g, ms) for g, ms in theirs]), theirs, ours) \
-            if theirs and spare_core() else (None, [], [])
+        if not theirs or not spare_core():
+            self._beside = (None, [], [])
+            return
+        # Objects alive now stay out of the child's garbage collections: a collection there would
+        # touch (and so copy) every page of the parent's heap.
+        gc.freeze()
+        try:
+            self._beside = (Beside(lambda: [self._group_work(g, ms) for g, ms in theirs]), theirs, ours)
+        finally:
+            gc.unfreeze()
 
     def _group_work(self, group: _Group, counts: list[int]) -> tuple:
         """What the child sends back for one group: its program's parts and its profiles."""
@@ -394,10 +404,10 @@ class StagePlanner:
         try:
             return self._plan(stages, microbatches, schedule, incumbent_seconds)
         finally:
-            self._drop_child()
+            self.close()
 
-    def _drop_child(self) -> None:
-        """Stop a child :meth:`start_groups` left running (a plan that returned early)."""
+    def close(self) -> None:
+        """Stop a child :meth:`start_groups` left running (a plan that returned early, a failed search)."""
         if self._beside is not None and self._beside[0] is not None:
             self._beside[0].cancel()
             self._beside = None
