@@ -156,6 +156,7 @@ class StagePlanner:
         self._bound_matrices: dict[tuple[str, int], dict[str, np.ndarray]] = {}
         self._send_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._beside: tuple | None = None      # the child synthesising half the groups (start_groups)
+        self._baseline: StagePlanner | None = None
 
     # ---- groups ------------------------------------------------------------------------------
     def _default_group_program(self, graph: Graph, group: Cluster) -> DistProgram:
@@ -204,12 +205,14 @@ class StagePlanner:
                 for g in groups:
                     if len(g.ranks) <= max(1, self.batch // m) and g.key not in self._programs:
                         work.setdefault(g.key, (g, set()))[1].add(m)
-        todo = [(g, sorted(ms)) for g, ms in work.values()]
+        todo = [(self, g, sorted(ms)) for g, ms in work.values()]
         # The child takes every other group whose program is one A* (equal devices, the default
         # synthesiser): an unequal group's share LP would run HiGHS, whose threads a fork does not copy.
-        one_search = [t for t in todo if t[0].cluster.is_homogeneous and self._default_synthesizer]
+        one_search = [t for t in todo if t[1].cluster.is_homogeneous and self._default_synthesizer]
         theirs = (one_search[1::2] + one_search[0::2][::-1])[:math.ceil(child_share * len(one_search))]
         ours = [t for t in todo if all(t is not x for x in theirs)]
+        if theirs:
+            theirs += self._baseline_work()       # pipeline-even's dp-even nodes: no search, no LP
         if not theirs or not spare_core():
             self._beside = (None, [], [])
             return
@@ -217,9 +220,31 @@ class StagePlanner:
         # touch (and so copy) every page of the parent's heap.
         gc.freeze()
         try:
-            self._beside = (Beside(lambda: [self._group_work(g, ms) for g, ms in theirs]), theirs, ours)
+            self._beside = (Beside(lambda: [planner._group_work(g, ms) for planner, g, ms in theirs]), theirs, ours)
         finally:
             gc.unfreeze()
+
+    def baseline_planner(self) -> StagePlanner:
+        """The planner that prices the ``pipeline-even`` baseline's stages (:func:`pipeline_even`):
+        dp-even programs on whole nodes, this planner's graph facts and cuts."""
+        if self._baseline is None:
+            from synth.baselines import baseline_program
+
+            self._baseline = StagePlanner(self.graph, self.cluster, optimizer=self.optimizer, like=self,
+                                          group_synthesizer=lambda graph, group: baseline_program("dp-even", graph,
+                                                                                                  group))
+        return self._baseline
+
+    def _baseline_work(self) -> list[tuple]:
+        """``pipeline-even``'s node groups and the micro-batch counts it prices them at."""
+        nodes = [list(h.devices) for h in self.cluster.nodes]
+        if len(nodes) < 2 or len(self.cuts) - 2 < len(nodes) - 1:
+            return []
+        even = self.baseline_planner()
+        groups = {g.key: g for g in (even.group(n) for n in nodes)}
+        counts = [m for m in even.microbatch_counts(list(groups.values()))
+                  if all(len(n) <= max(1, even.batch // m) for n in nodes)]
+        return [(even, g, counts) for g in groups.values() if g.key not in even._programs]
 
     def _group_work(self, group: _Group, counts: list[int]) -> tuple:
         """What the child sends back for one group: its program's parts and its profiles."""
@@ -229,24 +254,31 @@ class StagePlanner:
             [self.profile(group, m) for m in counts]
 
     def _finish_groups(self) -> None:
-        """This process's half of :meth:`start_groups`, then the child's, taken in."""
+        """This process's part of :meth:`start_groups`, then the child's, taken in."""
         if self._beside is None:
             self.start_groups()
         if self._beside is None or self._beside[0] is None:
             return
-        child, theirs, ours = self._beside
-        self._beside = (None, [], [])
-        for group, counts in ours:
+        for _, group, counts in self._beside[2]:
             for m in counts:
                 self.profile(group, m)
-        for (group, counts), (steps, layouts, shares, blocks, profiles) in zip(theirs, child.result()):
-            if group.key in self._programs:
+        self.take_child()
+
+    def take_child(self) -> None:
+        """Wait for the child :meth:`start_groups` began, and take in its programs and profiles."""
+        if self._beside is None or self._beside[0] is None:
+            return
+        child, theirs, _ = self._beside
+        self._beside = (None, [], [])
+        for (planner, group, counts), (steps, layouts, shares, blocks, profiles) in zip(theirs, child.result()):
+            if group.key in planner._programs:
                 continue
-            self.say(f"pipeline: synthesising the program of a {group.cluster.describe()} group")
-            self._programs[group.key] = DistProgram(self.graph, shares, layouts, steps, _blocks=blocks)
-            self.group_syntheses += 1
+            if planner is self:
+                self.say(f"pipeline: synthesising the program of a {group.cluster.describe()} group")
+                self.group_syntheses += 1
+            planner._programs[group.key] = DistProgram(self.graph, shares, layouts, steps, _blocks=blocks)
             for m, prof in zip(counts, profiles):
-                self._profiles.setdefault((group.key, m), prof)
+                planner._profiles.setdefault((group.key, m), prof)
 
     def profile(self, group: _Group, microbatches: int) -> ProgramProfile:
         key = (group.key, microbatches)
@@ -588,19 +620,15 @@ def pipeline_even(planner: StagePlanner) -> Pipeline | None:
     """The ``pipeline-even`` baseline: one stage per node with equal numbers of layers (cut
     candidates), data parallel with even shares inside each node, the best micro-batch count.
     None for a one-node cluster or a model with fewer cut places than nodes."""
-    from synth.baselines import baseline_program
-
     nodes = [list(h.devices) for h in planner.cluster.nodes]
     inner = planner.cuts[1:-1]
     if len(nodes) < 2 or len(inner) < len(nodes) - 1:
         return None
-    planner.start_groups()          # the stage search's groups, beside this baseline
+    planner._finish_groups()        # the stage search's groups and this baseline's, partly in a child
     picks = [inner[round(k * (len(inner) + 1) / len(nodes)) - 1] for k in range(1, len(nodes))]
     bounds = [0] + picks + [len(planner.graph.nodes)]
     at = {c: i for i, c in enumerate(planner.cuts)}
-    even = StagePlanner(planner.graph, planner.cluster, optimizer=planner.optimizer,
-                        group_synthesizer=lambda graph, group: baseline_program("dp-even", graph, group),
-                        like=planner)
+    even = planner.baseline_planner()
     best: Pipeline | None = None
     for m in even.microbatch_counts([even.group(n) for n in nodes]):
         if any(len(n) > max(1, even.batch // m) for n in nodes):
