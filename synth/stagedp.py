@@ -352,13 +352,11 @@ def least_ahead(prob: StageProblem) -> np.ndarray:
 def _pareto_fronts(prob: StageProblem, cap: float, width: int, limit: float) -> tuple[float, Chosen] | None:
     c, n_pos, top = prob.n_cuts, prob.n_pos, prob.top
     before = least_ahead(prob)
-    jj, ff = np.meshgrid(np.arange(c), np.arange(width), indexing="ij")
     front_w = np.full((top + 1, n_pos, c, width), np.inf)
     front_v = np.full((top + 1, n_pos, c, width), np.inf)
     front_w[0, :, c - 1, 0] = 0.0
     front_v[0, :, c - 1, 0] = -np.inf           # no stage after the last: its own end decides
     pick = np.full((top + 1, n_pos, c, width, 4), -1, dtype=np.int32)   # (arc, next cut, next entry, next layer)
-    rows = np.arange(c)
     for k in range(1, top + 1):
         gates = prob.gates_at(k)
         by_start: dict[int, list[tuple[int, list[int]]]] = {}
@@ -368,20 +366,20 @@ def _pareto_fronts(prob: StageProblem, cap: float, width: int, limit: float) -> 
             ws, vs, ids = [], [], []
             for ai, sources in arc_ids:
                 arc = prob.arcs[ai]
-                ok = (gates[ai] <= cap)[:, :, None]
                 for src in sources:
                     rest_w, rest_v = front_w[src, arc.end], front_v[src, arc.end]      # [c, width]
-                    if not np.isfinite(rest_w).any():
+                    js, qs = np.nonzero(np.isfinite(rest_w))      # the (next cut, entry) pairs held
+                    if not len(js):
                         continue
-                    w = np.where(ok, arc.busy[:, :, None] + rest_w[None], np.inf)
-                    v = np.where(ok, np.maximum(arc.busy_tail[:, :, None] + rest_w[None],
-                                                arc.ahead[:, :, None] + rest_v[None]), np.inf)
-                    v[v + before[p][:, None, None] >= limit] = np.inf
+                    ok = gates[ai][:, js] <= cap                                           # [c, pairs]
+                    w = np.where(ok, arc.busy[:, js] + rest_w[js, qs], np.inf)
+                    v = np.where(ok, np.maximum(arc.busy_tail[:, js] + rest_w[js, qs],
+                                                arc.ahead[:, js] + rest_v[js, qs]), np.inf)
+                    v[v + before[p][:, None] >= limit] = np.inf
                     w[np.isinf(v)] = np.inf
-                    ws.append(w.reshape(c, -1))
-                    vs.append(v.reshape(c, -1))
-                    ids.append(np.stack([np.full(c * width, ai), jj.ravel(), ff.ravel(),
-                                         np.full(c * width, src)], axis=1))
+                    ws.append(w)
+                    vs.append(v)
+                    ids.append(np.stack([np.full(len(js), ai), js, qs, np.full(len(js), src)], axis=1))
             if not ws:
                 continue
             w_all, v_all, id_all = np.concatenate(ws, axis=1), np.concatenate(vs, axis=1), np.concatenate(ids)
@@ -389,19 +387,13 @@ def _pareto_fronts(prob: StageProblem, cap: float, width: int, limit: float) -> 
             useful = live.any(axis=0)             # most (next cut, front entry) pairs are empty
             if not useful.all():
                 w_all, v_all, id_all, live = w_all[:, useful], v_all[:, useful], id_all[useful], live[:, useful]
-            for q in range(width):
-                if not live.any():
-                    break
-                v_live = np.where(live, v_all, np.inf)
-                least_v = v_live.min(axis=1, keepdims=True)
-                at = np.where(live & (v_live == least_v), w_all, np.inf).argmin(axis=1)
-                has = live[rows, at]
-                front_w[k, p, has, q] = w_all[rows, at][has]
-                front_v[k, p, has, q] = v_all[rows, at][has]
-                pick[k, p, has, q] = id_all[at][has]
-                live &= w_all < np.where(has, w_all[rows, at], -np.inf)[:, None]
-            if live.any():
+            kept = pareto_rows(w_all, v_all, live, width)
+            if kept is None:
                 return None                       # the front did not fit: a wider one is needed
+            at_row, at_col, slot = kept
+            front_w[k, p, at_row, slot] = w_all[at_row, at_col]
+            front_v[k, p, at_row, slot] = v_all[at_row, at_col]
+            pick[k, p, at_row, slot] = id_all[at_col]
     best, where = np.inf, None
     for k in prob.layers():
         q = int(np.argmin(front_v[k, 0, 0]))
@@ -417,6 +409,29 @@ def _pareto_fronts(prob: StageProblem, cap: float, width: int, limit: float) -> 
         chosen.append((arc, i, j))
         p, i, q, k = arc.end, j, nq, nk
     return best, chosen
+
+
+def pareto_rows(w: np.ndarray, v: np.ndarray, live: np.ndarray,
+                width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Each row's Pareto front of its live ``(w, v)`` candidates, least ``v`` first: the
+    (row, column, place in the front) of every kept candidate; None when a row keeps more than
+    ``width``. In order of ``v`` (then ``w``, then column: the first of equal pairs), a
+    candidate is kept when its ``w`` is below every ``w`` before it."""
+    if not live.any():
+        nothing = np.zeros(0, dtype=np.int64)
+        return nothing, nothing, nothing
+    w = np.where(live, w, np.inf)
+    order = np.lexsort((w, np.where(live, v, np.inf)), axis=1)
+    w_sorted = np.take_along_axis(w, order, axis=1)
+    least_before = np.minimum.accumulate(w_sorted, axis=1)
+    keep = np.empty_like(live)
+    keep[:, 0] = np.isfinite(w_sorted[:, 0])
+    keep[:, 1:] = w_sorted[:, 1:] < least_before[:, :-1]
+    slot = np.cumsum(keep, axis=1) - 1
+    if (keep & (slot >= width)).any():
+        return None
+    at_row, at_sorted = np.nonzero(keep)
+    return at_row, order[at_row, at_sorted], slot[at_row, at_sorted]
 
 
 # ---- facts of a stage list -------------------------------------------------------------------
