@@ -153,7 +153,7 @@ def _stage_planner(graph, cluster: Cluster, optimizer: str, progress) -> Any:
     from synth.stages import StagePlanner
 
     planner = StagePlanner(graph, cluster, optimizer=optimizer, progress=progress)
-    planner.start_groups(child_share=1.0)
+    planner.start_groups()
     return planner
 
 

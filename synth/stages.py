@@ -52,7 +52,7 @@ Deterministic: groups, cuts and caps are enumerated in fixed orders and ties kee
 
 from __future__ import annotations
 
-import gc
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -155,7 +155,8 @@ class StagePlanner:
         self._bounds: dict[str, StageBounds] = {}
         self._bound_matrices: dict[tuple[str, int], dict[str, np.ndarray]] = {}
         self._send_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-        self._beside: tuple | None = None      # the child synthesising half the groups (start_groups)
+        self._shared: tuple | None = None      # the group work shared with a child (start_groups)
+        self.shared_counts: dict[str, float] = {}   # how the group work was shared (not in plans: timing decides)
         self._baseline: StagePlanner | None = None
 
     # ---- groups ------------------------------------------------------------------------------
@@ -184,18 +185,19 @@ class StagePlanner:
             self.group_syntheses += 1
         return self._programs[group.key]
 
-    # ---- every group's program and profiles, half of them in a child process ----------------------
-    def start_groups(self, child_share: float = 0.6) -> None:
-        """Start synthesising and pricing the search's groups: ``child_share`` of them in a
-        forked child on the spare core (:mod:`hapc.forked`), while this process goes on (the
-        one-stage search when started before it, the ``pipeline-even`` baseline, then the other
-        groups in :meth:`_finish_groups`). Each group's A* and pricer do not depend on another's,
-        so the results are the same as one after the other; without a spare core (or with
-        ``HAPC_SERIAL`` set) everything runs here, when first asked for. Not with
-        ``lazy_groups``: that synthesises only the groups a plan needs."""
-        if self._beside is not None or self.lazy_groups:
+    # ---- every group's program and profiles, shared with a child process ----------------------------
+    def start_groups(self) -> None:
+        """Start synthesising and pricing the search's groups (and the ``pipeline-even``
+        baseline's) in a forked child on the spare core (:mod:`synth.sharedwork`), while this
+        process goes on (the one-stage search when started before it); :meth:`_finish_groups`
+        then takes the child's results and runs what is left here, from the other end. Each
+        group's A* and pricer do not depend on another's, so the results are the same as one
+        after the other; without a spare core (or with ``HAPC_SERIAL`` set) everything runs here,
+        when first asked for. Not with ``lazy_groups``: that synthesises only the groups a plan
+        needs."""
+        if self._shared is not None or self.lazy_groups:
             return
-        from hapc.forked import Beside, spare_core    # a stdlib-only helper; no layer above synth
+        from synth.sharedwork import SharedJobs
 
         work: dict[str, tuple[_Group, set[int]]] = {}
         for nodes in self.device_orders():
@@ -205,24 +207,14 @@ class StagePlanner:
                 for g in groups:
                     if len(g.ranks) <= max(1, self.batch // m) and g.key not in self._programs:
                         work.setdefault(g.key, (g, set()))[1].add(m)
-        todo = [(self, g, sorted(ms)) for g, ms in work.values()]
-        # The child takes every other group whose program is one A* (equal devices, the default
-        # synthesiser): an unequal group's share LP would run HiGHS, whose threads a fork does not copy.
-        one_search = [t for t in todo if t[1].cluster.is_homogeneous and self._default_synthesizer]
-        theirs = (one_search[1::2] + one_search[0::2][::-1])[:math.ceil(child_share * len(one_search))]
-        ours = [t for t in todo if all(t is not x for x in theirs)]
-        if theirs:
-            theirs += self._baseline_work()       # pipeline-even's dp-even nodes: no search, no LP
-        if not theirs or not spare_core():
-            self._beside = (None, [], [])
-            return
-        # Objects alive now stay out of the child's garbage collections: a collection there would
-        # touch (and so copy) every page of the parent's heap.
-        gc.freeze()
-        try:
-            self._beside = (Beside(lambda: [planner._group_work(g, ms) for planner, g, ms in theirs]), theirs, ours)
-        finally:
-            gc.unfreeze()
+        # Shared: the groups whose program is one A* (equal devices, the default synthesiser);
+        # an unequal group's share LP would run HiGHS, whose threads a fork does not copy.
+        shared = [(self, g, sorted(ms)) for g, ms in work.values()
+                  if g.cluster.is_homogeneous and self._default_synthesizer]
+        if shared:
+            shared += self._baseline_work()       # pipeline-even's dp-even nodes: no search, no LP
+        self._shared = (SharedJobs([functools.partial(planner._group_work, g, ms) for planner, g, ms in shared]),
+                        shared)
 
     def baseline_planner(self) -> StagePlanner:
         """The planner that prices the ``pipeline-even`` baseline's stages (:func:`pipeline_even`):
@@ -247,30 +239,27 @@ class StagePlanner:
         return [(even, g, counts) for g in groups.values() if g.key not in even._programs]
 
     def _group_work(self, group: _Group, counts: list[int]) -> tuple:
-        """What the child sends back for one group: its program's parts and its profiles."""
-        self.say = lambda msg: None          # the parent reports these groups when it takes them
-        program = self.group_program(group)
+        """One group's program (as parts) and its profiles at ``counts`` micro-batches; no
+        side effects, so a child can run it and send the result back."""
+        program = self._programs.get(group.key) or self._synthesize_group(self.graph, group.cluster)
+        pricer = ProgramPricer(program, group.cluster, self.optimizer)
         return program.steps, program.source_layouts, program.shares, program._blocks, \
-            [self.profile(group, m) for m in counts]
+            [pricer.profile(m) for m in counts]
 
     def _finish_groups(self) -> None:
-        """This process's part of :meth:`start_groups`, then the child's, taken in."""
-        if self._beside is None:
+        """The groups :meth:`start_groups` shared, done and taken in (the child's part as it
+        arrives, the rest here)."""
+        if self._shared is None:
             self.start_groups()
-        if self._beside is None or self._beside[0] is None:
+        if self._shared is None or self._shared[0] is None:
             return
-        for _, group, counts in self._beside[2]:
-            for m in counts:
-                self.profile(group, m)
-        self.take_child()
-
-    def take_child(self) -> None:
-        """Wait for the child :meth:`start_groups` began, and take in its programs and profiles."""
-        if self._beside is None or self._beside[0] is None:
-            return
-        child, theirs, _ = self._beside
-        self._beside = (None, [], [])
-        for (planner, group, counts), (steps, layouts, shares, blocks, profiles) in zip(theirs, child.result()):
+        jobs, shared = self._shared
+        self._shared = (None, [])
+        self.shared_counts = {"group_jobs": len(shared)}
+        results = jobs.results()
+        self.shared_counts["group_jobs_from_child"] = jobs.from_child
+        self.shared_counts["group_jobs_wait_seconds"] = jobs.wait_seconds
+        for (planner, group, counts), (steps, layouts, shares, blocks, profiles) in zip(shared, results):
             if group.key in planner._programs:
                 continue
             if planner is self:
@@ -279,6 +268,12 @@ class StagePlanner:
             planner._programs[group.key] = DistProgram(self.graph, shares, layouts, steps, _blocks=blocks)
             for m, prof in zip(counts, profiles):
                 planner._profiles.setdefault((group.key, m), prof)
+
+    def close(self) -> None:
+        """Stop a child :meth:`start_groups` left running (a plan that returned early, a failed search)."""
+        if self._shared is not None and self._shared[0] is not None:
+            self._shared[0].cancel()
+            self._shared = None
 
     def profile(self, group: _Group, microbatches: int) -> ProgramProfile:
         key = (group.key, microbatches)
@@ -437,12 +432,6 @@ class StagePlanner:
             return self._plan(stages, microbatches, schedule, incumbent_seconds)
         finally:
             self.close()
-
-    def close(self) -> None:
-        """Stop a child :meth:`start_groups` left running (a plan that returned early, a failed search)."""
-        if self._beside is not None and self._beside[0] is not None:
-            self._beside[0].cancel()
-            self._beside = None
 
     def _plan(self, stages: int | None, microbatches: int | None, schedule: str | None,
               incumbent_seconds: float | None) -> Pipeline | None:
