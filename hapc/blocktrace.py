@@ -33,7 +33,9 @@ than the last one (``if i >= 5``); such a model is unusual, and ``--verify`` wou
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -41,6 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hapc.forked import Beside
 from hapc.ir.graph import Graph, Node, Ref, Value
 
 # Below this many blocks two short traces cost about what the full one does.
@@ -94,14 +97,25 @@ def trace_repeated(model: nn.Module, inputs: Sequence[Any],
     blocks = find_repeated_blocks(model)
     if blocks is None:
         return None
+
+    def short_graph(count: int) -> tuple[Graph, _Layout | None, dict]:
+        ep = export(_shortened(model, blocks.path, count), tuple(inputs))
+        graph = lift(ep)
+        return graph, _layout(graph, ep, blocks.path, count), dict(ep.constants)
+
+    three = None
     try:
         with _positions_hidden(_module_at(model, blocks.path), blocks.index_attributes):
-            short = {k: export(_shortened(model, blocks.path, k), tuple(inputs)) for k in (2, 3)}
-        g2, g3 = lift(short[2]), lift(short[3])
+            # The two short traces are independent: the one of 3 runs in a forked child on the
+            # other core while this process traces 2 (hapc.forked; here, when there is no
+            # spare core or the child fails). Only the child's small graph comes back.
+            three = Beside(_reads_announced(lambda: short_graph(3)[:2]))
+            g2, layout2, constants = short_graph(2)
+            g3, layout3 = _announce_reads(three.result())
     except Exception:  # a position was used, or the full trace reports the error in the user's terms
+        if three is not None:
+            three.cancel()
         return None
-    layout2 = _layout(g2, short[2], blocks.path, 2)
-    layout3 = _layout(g3, short[3], blocks.path, 3)
     if layout2 is None or layout3 is None:
         return None
     try:
@@ -109,9 +123,48 @@ def trace_repeated(model: nn.Module, inputs: Sequence[Any],
         predicted = repeat.graph(3)
         if predicted != g3 or list(predicted.values) != list(g3.values):
             return None
-        return repeat.graph(blocks.count), dict(short[2].constants)
+        return repeat.graph(blocks.count), constants
     except _NotRepeated:
         return None
+
+
+def _reads_announced(job: Callable[[], Any]) -> Callable[[], tuple[Any, list[str]]]:
+    """``job`` that also returns the files it read when it runs in a forked child (the sources
+    of modules it imported, and every file opened for reading), for :func:`_announce_reads`."""
+    parent = os.getpid()
+
+    def run() -> tuple[Any, list[str]]:
+        if os.getpid() == parent:            # run here: the reads were seen as they happened
+            return job(), []
+        opened: list[str] = []
+
+        def record(event: str, args: tuple) -> None:        # the child's own hook: gone with it
+            if event == "open" and len(args) >= 3 and isinstance(args[0], str) and _reading(*args[1:3]):
+                opened.append(args[0])
+
+        sys.addaudithook(record)
+        before = set(sys.modules)
+        result = job()
+        files = [getattr(sys.modules[m], "__file__", None) for m in set(sys.modules) - before]
+        return result, opened + [f for f in files if isinstance(f, str)]
+
+    return run
+
+
+def _reading(mode: Any, flags: Any) -> bool:
+    """Whether an ``open`` audit event is a read (``open()`` gives a mode, ``os.open`` flags)."""
+    if isinstance(mode, str):
+        return not any(c in mode for c in "wax+")
+    return isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT) == 0
+
+
+def _announce_reads(done: tuple[Any, list[str]]) -> Any:
+    """Raise here the ``open`` audit events of the files a forked child read, so that whoever
+    records what a trace depended on (hapc.tracecache) sees them as if read in this process."""
+    result, reads = done
+    for path in reads:
+        sys.audit("open", path, "r", os.O_RDONLY)
+    return result
 
 
 # --- which blocks are interchangeable ---------------------------------------------------------

@@ -102,8 +102,9 @@ def _traced_model(args: argparse.Namespace, overrides: dict, say):
     from hapc.modelfile import load_model_file
     from hapc.tracecache import TraceCache, trace_model_file
 
-    def note(msg: str) -> None:
-        print(f"hapc: note: {msg}", file=sys.stderr)
+    def note(msg: str) -> None:          # why the cache was not used or written: not an error
+        if not getattr(args, "quiet", False):
+            print(f"hapc: note: {msg}", file=sys.stderr)
 
     def trace():
         mf = load_model_file(args.model, overrides)
@@ -452,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--no-trace-cache", action="store_true",
                       help="trace the model even when the trace cache ($HAPC_CACHE_DIR, default "
                            "~/.cache/hapc/traces) holds a valid trace of it, and do not store this one")
-    comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines or trace-cache notes")
     comp.set_defaults(func=_cmd_compile)
 
     sim = sub.add_parser("simulate", help="predict a plan's time and memory, optionally on another cluster",

@@ -11,8 +11,8 @@ What decides a traced graph, and so what an entry is checked against:
 * the **key** (the entry's file name is its hash): the model file's bytes and resolved path,
   the ``--set`` overrides with their types, the trace mode (block tracing on or off), the
   torch version and location (its ``version.py``, found with ``find_spec``: importing torch
-  would take seconds), Python's version, ``sys.path`` (and the working directory when
-  ``sys.path`` has a relative entry: they decide which module an ``import`` finds), the
+  would take seconds), Python's version, ``sys.path`` (made absolute, without repeats and
+  without directories that hold no module: it decides which module an ``import`` finds), the
   ``TORCH*``/``PYTORCH*`` environment variables (not inductor's or torchrun's) and this
   cache's format;
 * the **sources**: every Python file loaded in the process when the entry was written (the
@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.machinery
 import importlib.util
 import io
 import json
@@ -153,12 +154,39 @@ class TraceKey:
             "trace": {"replicate_blocks": bool(replicate_blocks), "device": "meta, else real tensors"},
             "torch": [torch_version(), _torch_location()],
             "python": sys.version,
-            "sys_path": list(sys.path),
-            "cwd": os.getcwd() if not all(os.path.isabs(p) for p in sys.path) else None,
+            "sys_path": _import_path(),
             "env": sorted([k, v] for k, v in os.environ.items() if _may_change_export(k)),
         }
         material = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return TraceKey(material, hashlib.sha256(material.encode()).hexdigest()[:32])
+
+
+def _import_path() -> list[str]:
+    """``sys.path`` as far as it decides which file an ``import`` finds: entries made absolute
+    (``""`` is the working directory), each directory once (a repeat finds nothing its first
+    place did not), and without directories that hold nothing importable. The ``hapc``
+    script puts its ``bin`` directory first where ``python -m hapc.cli`` puts the working
+    directory, which is usually also on ``PYTHONPATH``: both compiles then share one entry.
+    The key is made again at every lookup, so a module later added to a dropped directory
+    changes it."""
+    seen: dict[str, None] = {}
+    for entry in sys.path:
+        where = os.path.abspath(entry or os.curdir)
+        if where not in seen and _may_import_from(where):
+            seen[where] = None
+    return list(seen)
+
+
+def _may_import_from(directory: str) -> bool:
+    """False only for an existing directory with no subdirectory (a package, or a namespace
+    package) and no file a module may be loaded from (``.py``, ``.pyc``, extension modules):
+    a console scripts' ``bin``. Anything else (a zip, a path that does not exist yet) stays."""
+    suffixes = tuple(importlib.machinery.all_suffixes())
+    try:
+        with os.scandir(directory) as entries:
+            return any(e.name.endswith(suffixes) or e.is_dir() for e in entries)
+    except OSError:             # not a directory, or not there (yet)
+        return True
 
 
 def _may_change_export(variable: str) -> bool:
