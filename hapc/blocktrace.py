@@ -5,6 +5,8 @@
 ``nn.ModuleList`` (or ``nn.Sequential``) of structurally identical blocks, we export the model
 twice with that list cut to 2 and to 3 blocks (a shallow copy; the user's model is untouched),
 learn from the two graphs how a layer repeats, and build the graph of all layers from them.
+The two exports do not depend on each other: the one of 3 runs in a forked child on a spare
+core (:mod:`hapc.forked`) while this process exports 2.
 
 What the full trace would give is reproduced exactly, names included: torch.export names each
 node after its op with a running counter (``linear``, ``linear_1``, ...), so the counters in
@@ -33,6 +35,7 @@ than the last one (``if i >= 5``); such a model is unusual, and ``--verify`` wou
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import re
 import sys
@@ -109,9 +112,10 @@ def trace_repeated(model: nn.Module, inputs: Sequence[Any],
             # The two short traces are independent: the one of 3 runs in a forked child on the
             # other core while this process traces 2 (hapc.forked; here, when there is no
             # spare core or the child fails). Only the child's small graph comes back.
-            three = Beside(_reads_announced(lambda: short_graph(3)[:2]))
-            g2, layout2, constants = short_graph(2)
-            g3, layout3 = _announce_reads(three.result())
+            with _gc_frozen():
+                three = Beside(_reads_announced(lambda: short_graph(3)[:2]))
+                g2, layout2, constants = short_graph(2)
+                g3, layout3 = _announce_reads(three.result())
     except Exception:  # a position was used, or the full trace reports the error in the user's terms
         if three is not None:
             three.cancel()
@@ -126,6 +130,21 @@ def trace_repeated(model: nn.Module, inputs: Sequence[Any],
         return repeat.graph(blocks.count), constants
     except _NotRepeated:
         return None
+
+
+@contextlib.contextmanager
+def _gc_frozen():
+    """Keep the collector off the objects that exist now while a forked child shares them: a
+    full collection touches every object and so copies the memory the fork shares (18k page
+    copies in the parent of a GPT trace without this, 3k with it)."""
+    if gc.get_freeze_count():            # someone else froze: leave their choice alone
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _reads_announced(job: Callable[[], Any]) -> Callable[[], tuple[Any, list[str]]]:

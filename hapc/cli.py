@@ -114,14 +114,15 @@ def _traced_model(args: argparse.Namespace, overrides: dict, say):
             return _trace_model_file(mf, trace)
 
     cache = None if args.no_trace_cache else TraceCache(note=note)
-    traced, entry = trace_model_file(args.model, overrides, trace, cache=cache)
+    traced, entry = trace_model_file(args.model, overrides, trace, cache=cache, beside=True)
     if entry is None:
         return traced, None
     precision = args.precision
 
     def keep_strategies(plan, out: Path) -> None:
-        if plan.pipeline is None and not getattr(traced, "strategies_installed", False):
-            cache.store_strategies(entry, precision, plan.graph)
+        path = entry if isinstance(entry, Path) else entry.path()     # a new entry: written beside the search
+        if path is not None and plan.pipeline is None and not getattr(traced, "strategies_installed", False):
+            cache.store_strategies(path, precision, plan.graph)
 
     return traced, keep_strategies
 

@@ -55,6 +55,7 @@ modification time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -247,6 +248,7 @@ def _stamps(paths: list[str]) -> list[list[Any]]:
     return [[s.path, s.size, s.mtime_ns, s.sha256] for s in stamps if s is not None]
 
 
+@functools.cache
 def _process_start_ns() -> int | None:
     """When this process started, to within tens of milliseconds and never later than it did
     (Linux: its start in clock ticks after boot against the uptime, from /proc); None where
@@ -340,15 +342,23 @@ class Recorder:
 
 
 def _audit(event: str, args: tuple) -> None:
+    # Called for every audit event of the process (tens of thousands while torch imports):
+    # the common cases return first.
+    if event != "open":
+        return
     recorder = Recorder._active
-    if recorder is None or event != "open":
+    if recorder is None:
         return
     path, mode, flags = (tuple(args) + (None, None, None))[:3]
     if isinstance(mode, str):
         reading = not any(c in mode for c in "wax+")
     else:
         reading = isinstance(flags, int) and (flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)) == 0
-    if reading and isinstance(path, (str, bytes, os.PathLike)):
+    if not reading:
+        return
+    if isinstance(path, str) and path.startswith("/") and "/." not in path and "//" not in path:
+        recorder.opened.add(path)              # already what abspath would give
+    elif isinstance(path, (str, bytes, os.PathLike)):
         with contextlib.suppress(Exception):
             recorder.opened.add(os.path.abspath(os.fsdecode(path)))
 
@@ -609,12 +619,48 @@ class TraceCache:
             self.note(f"strategies not cached in {self.root} ({type(exc).__name__}: {_first_line(exc)})")
 
 
+class StoreBeside:
+    """A new entry written by a forked child (:class:`hapc.forked.Beside`) while this process
+    goes on to plan: listing and stamping the sources and pickling the graph cost a quarter of
+    a second, which a compile need not wait for. :meth:`path` waits for the child and passes
+    on its notes; where there is no spare core the entry is written then, here."""
+
+    def __init__(self, cache: TraceCache, key: TraceKey, traced: Any, recorder: Recorder) -> None:
+        from hapc.forked import Beside
+
+        _process_start_ns()          # this process's start, not the child's (cached)
+        self._note = cache.note
+
+        def store() -> tuple[str | None, list[str]]:
+            notes: list[str] = []
+            cache.note = notes.append
+            try:
+                written = cache.store(key, traced, recorder)
+            finally:
+                cache.note = self._note
+            return (str(written) if written is not None else None), notes
+
+        self._writing = Beside(store)
+        self._done: tuple[Path | None] | None = None
+
+    def path(self) -> Path | None:
+        """The entry, once written (None, after its notes, when it could not be)."""
+        if self._done is None:
+            written, notes = self._writing.result()
+            for msg in notes:
+                self._note(msg)
+            self._done = (Path(written) if written is not None else None,)
+        return self._done[0]
+
+
 def trace_model_file(path: str | os.PathLike, overrides: Mapping[str, Any], trace: Callable[[], Any], *,
-                     cache: TraceCache | None) -> tuple[Any, Path | None]:
+                     cache: TraceCache | None, beside: bool = False) -> tuple[Any, Path | StoreBeside | None]:
     """The graph of model file ``path`` with ``overrides``: from ``cache`` when it holds a sound
     entry (a :class:`CachedTrace`), else ``trace()`` (which loads the file, builds the model
     and traces it, returning a :class:`hapc.tracer.Traced`) while recording the files it reads,
-    and then stored. Returns the traced model and its entry (None when not cached)."""
+    and then stored. Returns the traced model and its entry (None when not cached); with
+    ``beside``, a new entry is written while the caller goes on, and comes as a
+    :class:`StoreBeside` whose ``path()`` the caller must call before it ends."""
     key = TraceKey.for_model_file(path, overrides) if cache is not None else None
     hit = cache.lookup(key) if cache is not None and key is not None else None
     if hit is not None:
@@ -622,8 +668,11 @@ def trace_model_file(path: str | os.PathLike, overrides: Mapping[str, Any], trac
     recorder = Recorder()
     with recorder.active():
         traced = trace()
-    entry = cache.store(key, traced, recorder) if cache is not None and key is not None else None
-    return traced, entry
+    if cache is None or key is None:
+        return traced, None
+    if beside:
+        return traced, StoreBeside(cache, key, traced, recorder)
+    return traced, cache.store(key, traced, recorder)
 
 
 def _write_atomic(path: Path, blob: bytes) -> None:
