@@ -90,12 +90,14 @@ def find_repeated_blocks(model: nn.Module) -> RepeatedBlocks | None:
 
 def trace_repeated(model: nn.Module, inputs: Sequence[Any],
                    export: Callable[[nn.Module, tuple], torch.export.ExportedProgram],
-                   lift: Callable[[torch.export.ExportedProgram], Graph]) -> tuple[Graph, dict] | None:
+                   lift: Callable[[torch.export.ExportedProgram], Graph],
+                   meanwhile: Callable[[Graph], None] | None = None) -> tuple[Graph, dict] | None:
     """The lifted IR of ``model(*inputs)`` built from short traces, and the exported constants;
     None when the model has no provably repeated blocks (trace it whole then).
 
     ``export``/``lift`` are the tracer's own steps, so the short graphs are made exactly as the
-    full one would be.
+    full one would be. ``meanwhile(graph)`` is called with the graph of 2 blocks (which it must
+    not change) while the child still traces 3: work the full graph will need anyway.
     """
     blocks = find_repeated_blocks(model)
     if blocks is None:
@@ -115,6 +117,8 @@ def trace_repeated(model: nn.Module, inputs: Sequence[Any],
             with _gc_frozen():
                 three = Beside(_reads_announced(lambda: short_graph(3)[:2]))
                 g2, layout2, constants = short_graph(2)
+                if meanwhile is not None and three.forked:
+                    meanwhile(g2)
                 g3, layout3 = _announce_reads(three.result())
     except Exception:  # a position was used, or the full trace reports the error in the user's terms
         if three is not None:
