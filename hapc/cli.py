@@ -109,6 +109,9 @@ def _traced_model(args: argparse.Namespace, overrides: dict, say):
     def trace():
         mf = load_model_file(args.model, overrides)
         with _transient(f"tracing {args.model}", quiet=getattr(args, "quiet", False)):
+            from hapc.torchimport import import_for_tracing
+
+            import_for_tracing()          # seconds of imports, without the collector's passes over them
             from hapc.tracer import trace
 
             return _trace_model_file(mf, trace)
