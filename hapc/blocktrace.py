@@ -39,6 +39,7 @@ import gc
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -115,11 +116,12 @@ def trace_repeated(model: nn.Module, inputs: Sequence[Any],
             # other core while this process traces 2 (hapc.forked; here, when there is no
             # spare core or the child fails). Only the child's small graph comes back.
             with _gc_frozen():
-                three = Beside(_reads_announced(lambda: short_graph(3)[:2]))
+                if single_threaded():
+                    three = Beside(_reads_announced(lambda: short_graph(3)[:2]))
                 g2, layout2, constants = short_graph(2)
-                if meanwhile is not None and three.forked:
+                if meanwhile is not None and three is not None and three.forked:
                     meanwhile(g2)
-                g3, layout3 = _announce_reads(three.result())
+                g3, layout3 = _announce_reads(three.result()) if three is not None else short_graph(3)[:2]
     except Exception:  # a position was used, or the full trace reports the error in the user's terms
         if three is not None:
             three.cancel()
@@ -134,6 +136,13 @@ def trace_repeated(model: nn.Module, inputs: Sequence[Any],
         return repeat.graph(blocks.count), constants
     except _NotRepeated:
         return None
+
+
+def single_threaded() -> bool:
+    """Whether this process may fork a child that uses torch or logging: a child gets only the
+    thread that forked, so a lock another Python thread held then (a notebook's threads, a
+    logging handler's) would never be released in it."""
+    return threading.active_count() == 1
 
 
 @contextlib.contextmanager

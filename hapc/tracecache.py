@@ -626,6 +626,8 @@ class StoreBeside:
     on its notes; where there is no spare core the entry is written then, here."""
 
     def __init__(self, cache: TraceCache, key: TraceKey, traced: Any, recorder: Recorder) -> None:
+        import threading
+
         from hapc.forked import Beside
 
         _process_start_ns()          # this process's start, not the child's (cached)
@@ -640,16 +642,22 @@ class StoreBeside:
                 cache.note = self._note
             return (str(written) if written is not None else None), notes
 
-        self._writing = Beside(store)
         self._done: tuple[Path | None] | None = None
+        # Not beside other Python threads: one of them may hold a lock the child would need
+        # (see hapc.blocktrace.single_threaded); then it is written here and now.
+        self._writing = Beside(store) if threading.active_count() == 1 else None
+        if self._writing is None:
+            self._finish(*store())
+
+    def _finish(self, written: str | None, notes: list[str]) -> None:
+        for msg in notes:
+            self._note(msg)
+        self._done = (Path(written) if written is not None else None,)
 
     def path(self) -> Path | None:
         """The entry, once written (None, after its notes, when it could not be)."""
         if self._done is None:
-            written, notes = self._writing.result()
-            for msg in notes:
-                self._note(msg)
-            self._done = (Path(written) if written is not None else None,)
+            self._finish(*self._writing.result())
         return self._done[0]
 
 
