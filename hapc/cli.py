@@ -102,25 +102,30 @@ def _traced_model(args: argparse.Namespace, overrides: dict, say):
     from hapc.modelfile import load_model_file
     from hapc.tracecache import TraceCache, trace_model_file
 
-    def note(msg: str) -> None:
-        print(f"hapc: note: {msg}", file=sys.stderr)
+    def note(msg: str) -> None:          # why the cache was not used or written: not an error
+        if not getattr(args, "quiet", False):
+            print(f"hapc: note: {msg}", file=sys.stderr)
 
     def trace():
         mf = load_model_file(args.model, overrides)
         with _transient(f"tracing {args.model}", quiet=getattr(args, "quiet", False)):
+            from hapc.torchimport import import_for_tracing
+
+            import_for_tracing()          # seconds of imports, without the collector's passes over them
             from hapc.tracer import trace
 
             return _trace_model_file(mf, trace)
 
     cache = None if args.no_trace_cache else TraceCache(note=note)
-    traced, entry = trace_model_file(args.model, overrides, trace, cache=cache)
+    traced, entry = trace_model_file(args.model, overrides, trace, cache=cache, beside=True)
     if entry is None:
         return traced, None
     precision = args.precision
 
     def keep_strategies(plan, out: Path) -> None:
-        if plan.pipeline is None and not getattr(traced, "strategies_installed", False):
-            cache.store_strategies(entry, precision, plan.graph)
+        path = entry if isinstance(entry, Path) else entry.path()     # a new entry: written beside the search
+        if path is not None and plan.pipeline is None and not getattr(traced, "strategies_installed", False):
+            cache.store_strategies(path, precision, plan.graph)
 
     return traced, keep_strategies
 
@@ -436,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--no-trace-cache", action="store_true",
                       help="trace the model even when the trace cache ($HAPC_CACHE_DIR, default "
                            "~/.cache/hapc/traces) holds a valid trace of it, and do not store this one")
-    comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines or trace-cache notes")
     comp.set_defaults(func=_cmd_compile)
 
     sim = sub.add_parser("simulate", help="predict a plan's time and memory, optionally on another cluster",
