@@ -38,9 +38,10 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 if TYPE_CHECKING:
+    # numpy is imported by the functions that use it: a transformer's search never eliminates,
+    # and numpy is a fifth of hapc replan's imports (see hapc.replan._lp_tools).
+    import numpy as np
     from synth.search import Searcher, State
     from synth.space import Segment
 
@@ -153,6 +154,8 @@ class _Transfer:
     tables read the choices of any pair back."""
 
     def __init__(self, problem: _SegmentProblem, seconds: np.ndarray, steps: list) -> None:
+        import numpy as np
+
         self.problem = problem
         self.seconds = seconds
         self.steps = steps
@@ -160,6 +163,8 @@ class _Transfer:
         self.paths: dict[tuple[int, tuple[int, ...]], tuple[State, float, list]] = {}
 
     def apply(self, frontier: dict, base: float) -> dict:
+        import numpy as np
+
         entry_seconds = np.array([frontier[e][0] - base for e in self.problem.entries])
         total = self.seconds + entry_seconds.reshape((-1,) + (1,) * (self.seconds.ndim - 1))
         best_entry = np.argmin(total, axis=0)
@@ -214,6 +219,8 @@ class _SegmentProblem:
 
     # ---- the terms -----------------------------------------------------------------------
     def factors(self) -> list[_Factor]:
+        import numpy as np
+
         out = []
         for j, table in enumerate(self.tables):
             out.append(_Factor((j,), np.array([row[0] for row in table])))
@@ -224,6 +231,8 @@ class _SegmentProblem:
     def _values(self):
         """Per tracked activation: (vid, (variable its first copy depends on, mask per value
         of it), [(node offset, wanted code per strategy), ...] in the order the search pays)."""
+        import numpy as np
+
         searcher, seg = self.searcher, self.seg
         starts: dict[int, tuple[int, np.ndarray]] = {}
         uses: dict[int, list[tuple[int, np.ndarray]]] = {}
@@ -249,6 +258,8 @@ class _SegmentProblem:
         its readers, replaying the search's rule: a wanted layout not held is converted from
         the cheapest copy held, and then held too. At the exit, its final layout set becomes
         a variable of its own."""
+        import numpy as np
+
         scope = [start_var]
         mask = start_masks
         seconds = np.zeros(len(start_masks))
@@ -281,6 +292,8 @@ class _SegmentProblem:
     # ---- elimination ---------------------------------------------------------------------
     def transfer(self) -> _Transfer:
         """Eliminate every node; what is left is the transfer over (entry, exit layouts)."""
+        import numpy as np
+
         factors = self.factors()
         kept = (_ENTRY,) + tuple(self.exit_var(s) for s in range(len(self.exit_live)))
         if any(v not in self.domain for v in kept):
@@ -340,6 +353,8 @@ class _SegmentProblem:
 
     def _join(self, factors: list[_Factor], scope: tuple[int, ...] | None = None) -> _Factor:
         """The sum of ``factors`` as one table over the union of their scopes."""
+        import numpy as np
+
         if scope is None:
             scope = tuple(dict.fromkeys(v for f in factors for v in f.scope))
         shape = [self.domain[v] for v in scope]
@@ -380,6 +395,8 @@ def _conversion_seconds(searcher: Searcher, vid: int, mask: np.ndarray, codes: n
     """Seconds to get layout ``want`` (one of ``codes``) from the copies in ``mask``,
     elementwise (0 where held), by the searcher's own cached conversion rule: priced once per
     distinct (held mask, wanted layout) pair."""
+    import numpy as np
+
     held, inverse = np.unique(mask, return_inverse=True)
     wanted = np.unique(codes).tolist()
     table = np.zeros((len(held), max(wanted) + 1))
