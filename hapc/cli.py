@@ -300,9 +300,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_replan(args: argparse.Namespace) -> int:
-    from hapc.replan import cyclic_gc_paused
+    from synth.gcpause import gc_paused
 
-    with cyclic_gc_paused():       # the whole command: see hapc.replan.cyclic_gc_paused
+    with gc_paused():       # the whole command: see hapc.replan.replan
         return _replan_command(args)
 
 

@@ -36,7 +36,9 @@ are most of what is left, so a replan avoids them where a cheaper fact decides:
   usually leads, while the child makes the second;
 * whether a program fits is asked only of one that could win on time, and a searched
   program that cannot lead comes back from the child as its time only;
-* the cyclic garbage collector is paused (:func:`cyclic_gc_paused`);
+* the cyclic garbage collector is paused (:func:`synth.gcpause.gc_paused`), and the
+  searches after the first share its prices (only the gradient all-reduce's depends on the
+  overlap: :meth:`synth.costs.Prices.with_overlap`);
 * the CLI checks the strategy cache against plan.json's SHA-256 rather than by hashing the
   graph again (:mod:`synth.reuse`), and imports the program emitter while it would
   otherwise wait for the child (``while_searching``).
@@ -50,11 +52,9 @@ Whichever simulates fastest and fits wins; a tie keeps the old program.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -68,6 +68,7 @@ from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
 from hapc.plan import Plan
 from synth.costs import Prices
+from synth.gcpause import gc_paused
 from synth.search import SearchResult, search, to_program
 from synth.space import SearchSpace
 
@@ -207,10 +208,13 @@ def _faster(a: SimResult | Figures, b: SimResult | Figures) -> bool:
 
 
 def searched(graph: Graph, shares: Sequence[float], cluster: Cluster, optimizer: str,
-             overlap: float) -> tuple[DistProgram, SimResult, SearchResult]:
+             overlap: float, prices: Prices | None = None) -> tuple[DistProgram, SimResult, SearchResult]:
     """One A* search on the new cluster at ``shares`` (segments of repeated layers solved once)
-    and its program simulated there, not yet re-balanced."""
-    space = SearchSpace.build(graph, Prices(graph, cluster, tuple(shares), grad_sync_overlap=overlap))
+    and its program simulated there, not yet re-balanced. ``prices``, when given, are those
+    of ``graph``, ``cluster`` and ``shares`` under ``overlap`` (see :class:`_SearchRound`)."""
+    if prices is None:
+        prices = Prices(graph, cluster, tuple(shares), grad_sync_overlap=overlap)
+    space = SearchSpace.build(graph, prices)
     result = search(space)
     program = to_program(space, result, tuple(shares))
     return program, _simulate(program, cluster, optimizer), result
@@ -279,6 +283,7 @@ class _SearchRound:
         self._args = (graph, tuple(shares), cluster, optimizer)
         self._simulate_here = simulate_here
         self._leader: _Candidate | None = None        # of the searches run in this process so far
+        self._prices: Prices | None = None              # of the first search run in this process
         self._searches = BesideEach([functools.partial(self._job, overlap) for overlap in SEARCH_OVERLAPS])
 
     @property
@@ -287,7 +292,14 @@ class _SearchRound:
         return self._searches.forked
 
     def _job(self, overlap: float) -> tuple[list, dict, Figures, dict[str, object]] | _Behind:
-        program, sim, result = searched(*self._args, overlap)
+        # Only the gradient all-reduce's price depends on the overlap: the searches after the
+        # first price no node or layout change again (synth.costs.Prices.with_overlap).
+        graph, shares, cluster, _ = self._args
+        if self._prices is None:
+            self._prices = prices = Prices(graph, cluster, shares, grad_sync_overlap=overlap)
+        else:
+            prices = self._prices.with_overlap(overlap)
+        program, sim, result = searched(*self._args, overlap, prices)
         here = _Candidate("searched", program, sim)
         if self._leader is not None and not ahead(here, self._leader):
             return _Behind(sim.iteration_seconds, _search_info(result))
@@ -347,26 +359,12 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
     ``while_searching``: work the caller will do after planning anyway (the CLI: importing the
     program emitter), done here if this process would otherwise wait for the child's first
     search."""
-    with cyclic_gc_paused():      # its child inherits the pause
+    # A replan keeps most of what it allocates (search states, simulations, the LP's arrays) to
+    # its end, so the cyclic collector's passes over them were overhead: a seventh of the
+    # command's CPU (hapc replan of GPT-48 --drop 7 with the collector off throughout: 2.04 ->
+    # 1.76 s CPU, loaded machine, peak memory the same to 1 MB). The child inherits the pause.
+    with gc_paused():
         return _replan(old, cluster, survivors, effort, progress, while_searching)
-
-
-@contextlib.contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside (restored after, if it was on). A replan allocates
-    many objects (search states, simulations, the LP's arrays) on top of the plan's graph and
-    keeps most of them to its end: the collector's passes over them are overhead, a seventh
-    of the command's CPU (``hapc replan`` of GPT-48 --drop 7 with the collector off
-    throughout: 2.04 -> 1.76 s CPU, loaded machine, its peak memory the same to 1 MB), and its
-    few cycles are freed once the collector is back on. (synth.search pauses it the same way
-    around one search.)"""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _replan(old: Plan, cluster: Cluster, survivors: Sequence[int] | None, effort: str,
