@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from costmodel.cluster import Cluster, load_cluster
 from costmodel.simulator import SimResult, simulate
-from hapc.collector import without_collection
 from hapc.errors import UserError
 from hapc.ir.graph import Graph, hash_of_json
 from hapc.ir.layout import Layout, parse_layout
 from hapc.ir.precision import Precision
 from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
+from synth.gcpause import gc_paused
 
 if TYPE_CHECKING:
     from synth.stages import Pipeline, Stage
@@ -234,12 +234,13 @@ class Plan:
                 pass
         self._write(Path(path))
 
-    @without_collection
     def _write(self, path: Path) -> None:
-        data = self.to_dict()
-        section = _GraphSection.of(self.graph)
-        verbatim = {"graph": section.text} if section is not None and data["graph"] is section.data else {}
-        path.write_text(plan_json(data, verbatim))
+        with gc_paused():       # tens of thousands of acyclic records (synth.gcpause)
+            data = self.to_dict()
+            section = _GraphSection.of(self.graph)
+            verbatim = {"graph": section.text} if section is not None and data["graph"] is section.data else {}
+            text = plan_json(data, verbatim)
+        path.write_text(text)
 
     def _micro_batch(self) -> Any:
         """A pipelined plan's graph at one micro-batch (a MicroTrace), made once: from the plan's
@@ -253,8 +254,12 @@ class Plan:
         return self._micro
 
     @staticmethod
-    @without_collection
     def load(path: str | Path) -> Plan:
+        with gc_paused():       # tens of thousands of acyclic records (synth.gcpause)
+            return Plan._load(path)
+
+    @staticmethod
+    def _load(path: str | Path) -> Plan:
         try:
             text = Path(path).read_text()
             data, graph_text = _split_graph(text)
@@ -294,9 +299,9 @@ class Plan:
         if not self.model.get("file"):
             raise UserError("this plan has no model file to emit a program for (plan a model file)")
         micro = self._micro_batch() if self.pipeline is not None else None
-        return self._emit(Path(out_dir), constants, micro)
+        with gc_paused():       # tables and lines of thousands of steps, all acyclic (synth.gcpause)
+            return self._emit(Path(out_dir), constants, micro)
 
-    @without_collection
     def _emit(self, out: Path, constants: dict | None, micro: Any) -> Path:
         from hapc.codegen import emit
 

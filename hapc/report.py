@@ -6,8 +6,6 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from hapc.collector import without_collection
-
 if TYPE_CHECKING:
     from hapc.plan import Plan
 
@@ -54,10 +52,16 @@ def _measured_line(plan: Plan) -> str:
             f"({table.device_name}, torch {table.torch_version}), the rest by the roofline")
 
 
-@without_collection
 def write_report(plan: Plan, out_dir: str | Path) -> Path:
     """``report.md`` with the summary, the layout of every collective, and ``report.svg``
     (written as text by :mod:`hapc.chart_svg`: no matplotlib in ``hapc compile``)."""
+    from synth.gcpause import gc_paused
+
+    with gc_paused():       # a row per step, all acyclic (synth.gcpause)
+        return _write_report(plan, out_dir)
+
+
+def _write_report(plan: Plan, out_dir: str | Path) -> Path:
     from hapc.chart_svg import write_svg_chart
 
     out = Path(out_dir)

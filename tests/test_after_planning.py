@@ -1,7 +1,7 @@
 """What follows planning, made fast for issue 15 (``hapc replan`` in a second) without changing
 a byte of what it writes: the skeleton's docstring found without parsing, the runtime's facts
 read from the statements asked about, plan.json's graph lines kept from a load, the cyclic
-collector paused, ``MODEL_KWARGS`` in one order.
+collector paused (synth.gcpause), ``MODEL_KWARGS`` in one order.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from hapc import collector
 from hapc.codegen import emitter, runtime_facts
+from hapc.errors import UserError
 from hapc.ir.graph import Graph, Node, Ref, TensorMeta, Value
 from hapc.ir.layout import Replicate
 from hapc.ir.program import Compute, DistProgram, Strategy
@@ -134,14 +134,16 @@ def test_saving_and_loading_run_without_the_cyclic_collector(tmp_path, monkeypat
     import hapc.plan as plan_module
 
     seen = []
-    real = plan_module.plan_json
-    monkeypatch.setattr(plan_module, "plan_json", lambda *a: seen.append(gc.isenabled()) or real(*a))
+    real_json, real_split = plan_module.plan_json, plan_module._split_graph
+    monkeypatch.setattr(plan_module, "plan_json", lambda *a: seen.append(gc.isenabled()) or real_json(*a))
+    monkeypatch.setattr(plan_module, "_split_graph", lambda *a: seen.append(gc.isenabled()) or real_split(*a))
     assert gc.isenabled()
     _tiny_plan().save(tmp_path / "plan.json")
-    assert seen == [False] and gc.isenabled()
-    with pytest.raises(ValueError), collector.collector_paused():
-        raise ValueError("the collector comes back on an exception too")
-    assert gc.isenabled()
+    Plan.load(tmp_path / "plan.json")
+    assert seen == [False, False] and gc.isenabled()
+    with pytest.raises(UserError):
+        Plan.load(tmp_path / "no-such.json")
+    assert gc.isenabled()                           # back on after an error too
 
 
 def test_model_kwargs_are_written_sorted_whatever_order_they_came_in():
