@@ -47,7 +47,7 @@ from costmodel.cluster import Cluster, Link
 from costmodel.memory import kept_for_backward, optimizer_copies
 from costmodel.simcache import SimulationCache
 from costmodel.simulator import SFB_LOCAL, _ClassFractions, factor_synced_params
-from costmodel.transfers import backward_move, forward_move, local_bytes
+from costmodel.transfers import LocalBytes, backward_move, forward_move, local_bytes
 from hapc.ir.graph import Graph
 from hapc.ir.layout import Replicate
 from hapc.ir.program import Compute, DistProgram, Redistribute
@@ -180,7 +180,7 @@ class ProgramPricer:
         # Repeated layers price alike: node times, a step's share of the work and collectives
         # are looked up by what they depend on (the simulator's own caches, the same floats).
         cache = self._cache = SimulationCache(graph, cluster)
-        shares = _ClassFractions(program, range(world))
+        shares = _ClassFractions(program, range(world), LocalBytes(program))
         lanes = [(r, cache.device_key(r)) for r in range(world)]
         rows_of: dict[tuple, tuple[list[float], list[float], list[float], list[float]]] = {}
         pending: list[Redistribute] = []

@@ -5,6 +5,8 @@
 ``nn.ModuleList`` (or ``nn.Sequential``) of structurally identical blocks, we export the model
 twice with that list cut to 2 and to 3 blocks (a shallow copy; the user's model is untouched),
 learn from the two graphs how a layer repeats, and build the graph of all layers from them.
+The two exports do not depend on each other: the one of 3 runs in a forked child on a spare
+core (:mod:`hapc.forked`) while this process exports 2.
 
 What the full trace would give is reproduced exactly, names included: torch.export names each
 node after its op with a running counter (``linear``, ``linear_1``, ...), so the counters in
@@ -33,7 +35,11 @@ than the last one (``if i >= 5``); such a model is unusual, and ``--verify`` wou
 from __future__ import annotations
 
 import contextlib
+import gc
+import os
 import re
+import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -41,6 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hapc.forked import Beside
 from hapc.ir.graph import Graph, Node, Ref, Value
 
 # Below this many blocks two short traces cost about what the full one does.
@@ -84,24 +91,41 @@ def find_repeated_blocks(model: nn.Module) -> RepeatedBlocks | None:
 
 def trace_repeated(model: nn.Module, inputs: Sequence[Any],
                    export: Callable[[nn.Module, tuple], torch.export.ExportedProgram],
-                   lift: Callable[[torch.export.ExportedProgram], Graph]) -> tuple[Graph, dict] | None:
+                   lift: Callable[[torch.export.ExportedProgram], Graph],
+                   meanwhile: Callable[[Graph], None] | None = None) -> tuple[Graph, dict] | None:
     """The lifted IR of ``model(*inputs)`` built from short traces, and the exported constants;
     None when the model has no provably repeated blocks (trace it whole then).
 
     ``export``/``lift`` are the tracer's own steps, so the short graphs are made exactly as the
-    full one would be.
+    full one would be. ``meanwhile(graph)`` is called with the graph of 2 blocks (which it must
+    not change) while the child still traces 3: work the full graph will need anyway.
     """
     blocks = find_repeated_blocks(model)
     if blocks is None:
         return None
+
+    def short_graph(count: int) -> tuple[Graph, _Layout | None, dict]:
+        ep = export(_shortened(model, blocks.path, count), tuple(inputs))
+        graph = lift(ep)
+        return graph, _layout(graph, ep, blocks.path, count), dict(ep.constants)
+
+    three = None
     try:
         with _positions_hidden(_module_at(model, blocks.path), blocks.index_attributes):
-            short = {k: export(_shortened(model, blocks.path, k), tuple(inputs)) for k in (2, 3)}
-        g2, g3 = lift(short[2]), lift(short[3])
+            # The two short traces are independent: the one of 3 runs in a forked child on the
+            # other core while this process traces 2 (hapc.forked; here, when there is no
+            # spare core or the child fails). Only the child's small graph comes back.
+            with _gc_frozen():
+                if single_threaded():
+                    three = Beside(_reads_announced(lambda: short_graph(3)[:2]))
+                g2, layout2, constants = short_graph(2)
+                if meanwhile is not None and three is not None and three.forked:
+                    meanwhile(g2)
+                g3, layout3 = _announce_reads(three.result()) if three is not None else short_graph(3)[:2]
     except Exception:  # a position was used, or the full trace reports the error in the user's terms
+        if three is not None:
+            three.cancel()
         return None
-    layout2 = _layout(g2, short[2], blocks.path, 2)
-    layout3 = _layout(g3, short[3], blocks.path, 3)
     if layout2 is None or layout3 is None:
         return None
     try:
@@ -109,9 +133,70 @@ def trace_repeated(model: nn.Module, inputs: Sequence[Any],
         predicted = repeat.graph(3)
         if predicted != g3 or list(predicted.values) != list(g3.values):
             return None
-        return repeat.graph(blocks.count), dict(short[2].constants)
+        return repeat.graph(blocks.count), constants
     except _NotRepeated:
         return None
+
+
+def single_threaded() -> bool:
+    """Whether this process may fork a child that uses torch or logging: a child gets only the
+    thread that forked, so a lock another Python thread held then (a notebook's threads, a
+    logging handler's) would never be released in it."""
+    return threading.active_count() == 1
+
+
+@contextlib.contextmanager
+def _gc_frozen():
+    """Keep the collector off the objects that exist now while a forked child shares them: a
+    full collection touches every object and so copies the memory the fork shares (18k page
+    copies in the parent of a GPT trace without this, 3k with it)."""
+    if gc.get_freeze_count():            # someone else froze: leave their choice alone
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _reads_announced(job: Callable[[], Any]) -> Callable[[], tuple[Any, list[str]]]:
+    """``job`` that also returns the files it read when it runs in a forked child (the sources
+    of modules it imported, and every file opened for reading), for :func:`_announce_reads`."""
+    parent = os.getpid()
+
+    def run() -> tuple[Any, list[str]]:
+        if os.getpid() == parent:            # run here: the reads were seen as they happened
+            return job(), []
+        opened: list[str] = []
+
+        def record(event: str, args: tuple) -> None:        # the child's own hook: gone with it
+            if event == "open" and len(args) >= 3 and isinstance(args[0], str) and _reading(*args[1:3]):
+                opened.append(args[0])
+
+        sys.addaudithook(record)
+        before = set(sys.modules)
+        result = job()
+        files = [getattr(sys.modules[m], "__file__", None) for m in set(sys.modules) - before]
+        return result, opened + [f for f in files if isinstance(f, str)]
+
+    return run
+
+
+def _reading(mode: Any, flags: Any) -> bool:
+    """Whether an ``open`` audit event is a read (``open()`` gives a mode, ``os.open`` flags)."""
+    if isinstance(mode, str):
+        return not any(c in mode for c in "wax+")
+    return isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT) == 0
+
+
+def _announce_reads(done: tuple[Any, list[str]]) -> Any:
+    """Raise here the ``open`` audit events of the files a forked child read, so that whoever
+    records what a trace depended on (hapc.tracecache) sees them as if read in this process."""
+    result, reads = done
+    for path in reads:
+        sys.audit("open", path, "r", os.O_RDONLY)
+    return result
 
 
 # --- which blocks are interchangeable ---------------------------------------------------------

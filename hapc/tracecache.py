@@ -11,8 +11,8 @@ What decides a traced graph, and so what an entry is checked against:
 * the **key** (the entry's file name is its hash): the model file's bytes and resolved path,
   the ``--set`` overrides with their types, the trace mode (block tracing on or off), the
   torch version and location (its ``version.py``, found with ``find_spec``: importing torch
-  would take seconds), Python's version, ``sys.path`` (and the working directory when
-  ``sys.path`` has a relative entry: they decide which module an ``import`` finds), the
+  would take seconds), Python's version, ``sys.path`` (made absolute, without repeats and
+  without directories that hold no module: it decides which module an ``import`` finds), the
   ``TORCH*``/``PYTORCH*`` environment variables (not inductor's or torchrun's) and this
   cache's format;
 * the **sources**: every Python file loaded in the process when the entry was written (the
@@ -55,7 +55,9 @@ modification time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import importlib.machinery
 import importlib.util
 import io
 import json
@@ -153,12 +155,39 @@ class TraceKey:
             "trace": {"replicate_blocks": bool(replicate_blocks), "device": "meta, else real tensors"},
             "torch": [torch_version(), _torch_location()],
             "python": sys.version,
-            "sys_path": list(sys.path),
-            "cwd": os.getcwd() if not all(os.path.isabs(p) for p in sys.path) else None,
+            "sys_path": _import_path(),
             "env": sorted([k, v] for k, v in os.environ.items() if _may_change_export(k)),
         }
         material = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return TraceKey(material, hashlib.sha256(material.encode()).hexdigest()[:32])
+
+
+def _import_path() -> list[str]:
+    """``sys.path`` as far as it decides which file an ``import`` finds: entries made absolute
+    (``""`` is the working directory), each directory once (a repeat finds nothing its first
+    place did not), and without directories that hold nothing importable. The ``hapc``
+    script puts its ``bin`` directory first where ``python -m hapc.cli`` puts the working
+    directory, which is usually also on ``PYTHONPATH``: both compiles then share one entry.
+    The key is made again at every lookup, so a module later added to a dropped directory
+    changes it."""
+    seen: dict[str, None] = {}
+    for entry in sys.path:
+        where = os.path.abspath(entry or os.curdir)
+        if where not in seen and _may_import_from(where):
+            seen[where] = None
+    return list(seen)
+
+
+def _may_import_from(directory: str) -> bool:
+    """False only for an existing directory with no subdirectory (a package, or a namespace
+    package) and no file a module may be loaded from (``.py``, ``.pyc``, extension modules):
+    a console scripts' ``bin``. Anything else (a zip, a path that does not exist yet) stays."""
+    suffixes = tuple(importlib.machinery.all_suffixes())
+    try:
+        with os.scandir(directory) as entries:
+            return any(e.name.endswith(suffixes) or e.is_dir() for e in entries)
+    except OSError:             # not a directory, or not there (yet)
+        return True
 
 
 def _may_change_export(variable: str) -> bool:
@@ -219,6 +248,7 @@ def _stamps(paths: list[str]) -> list[list[Any]]:
     return [[s.path, s.size, s.mtime_ns, s.sha256] for s in stamps if s is not None]
 
 
+@functools.cache
 def _process_start_ns() -> int | None:
     """When this process started, to within tens of milliseconds and never later than it did
     (Linux: its start in clock ticks after boot against the uptime, from /proc); None where
@@ -312,15 +342,23 @@ class Recorder:
 
 
 def _audit(event: str, args: tuple) -> None:
+    # Called for every audit event of the process (tens of thousands while torch imports):
+    # the common cases return first.
+    if event != "open":
+        return
     recorder = Recorder._active
-    if recorder is None or event != "open":
+    if recorder is None:
         return
     path, mode, flags = (tuple(args) + (None, None, None))[:3]
     if isinstance(mode, str):
         reading = not any(c in mode for c in "wax+")
     else:
         reading = isinstance(flags, int) and (flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)) == 0
-    if reading and isinstance(path, (str, bytes, os.PathLike)):
+    if not reading:
+        return
+    if isinstance(path, str) and path.startswith("/") and "/." not in path and "//" not in path:
+        recorder.opened.add(path)              # already what abspath would give
+    elif isinstance(path, (str, bytes, os.PathLike)):
         with contextlib.suppress(Exception):
             recorder.opened.add(os.path.abspath(os.fsdecode(path)))
 
@@ -581,12 +619,56 @@ class TraceCache:
             self.note(f"strategies not cached in {self.root} ({type(exc).__name__}: {_first_line(exc)})")
 
 
+class StoreBeside:
+    """A new entry written by a forked child (:class:`hapc.forked.Beside`) while this process
+    goes on to plan: listing and stamping the sources and pickling the graph cost a quarter of
+    a second, which a compile need not wait for. :meth:`path` waits for the child and passes
+    on its notes; where there is no spare core the entry is written then, here."""
+
+    def __init__(self, cache: TraceCache, key: TraceKey, traced: Any, recorder: Recorder) -> None:
+        import threading
+
+        from hapc.forked import Beside
+
+        _process_start_ns()          # this process's start, not the child's (cached)
+        self._note = cache.note
+
+        def store() -> tuple[str | None, list[str]]:
+            notes: list[str] = []
+            cache.note = notes.append
+            try:
+                written = cache.store(key, traced, recorder)
+            finally:
+                cache.note = self._note
+            return (str(written) if written is not None else None), notes
+
+        self._done: tuple[Path | None] | None = None
+        # Not beside other Python threads: one of them may hold a lock the child would need
+        # (see hapc.blocktrace.single_threaded); then it is written here and now.
+        self._writing = Beside(store) if threading.active_count() == 1 else None
+        if self._writing is None:
+            self._finish(*store())
+
+    def _finish(self, written: str | None, notes: list[str]) -> None:
+        for msg in notes:
+            self._note(msg)
+        self._done = (Path(written) if written is not None else None,)
+
+    def path(self) -> Path | None:
+        """The entry, once written (None, after its notes, when it could not be)."""
+        if self._done is None:
+            self._finish(*self._writing.result())
+        return self._done[0]
+
+
 def trace_model_file(path: str | os.PathLike, overrides: Mapping[str, Any], trace: Callable[[], Any], *,
-                     cache: TraceCache | None) -> tuple[Any, Path | None]:
+                     cache: TraceCache | None, beside: bool = False) -> tuple[Any, Path | StoreBeside | None]:
     """The graph of model file ``path`` with ``overrides``: from ``cache`` when it holds a sound
     entry (a :class:`CachedTrace`), else ``trace()`` (which loads the file, builds the model
     and traces it, returning a :class:`hapc.tracer.Traced`) while recording the files it reads,
-    and then stored. Returns the traced model and its entry (None when not cached)."""
+    and then stored. Returns the traced model and its entry (None when not cached); with
+    ``beside``, a new entry is written while the caller goes on, and comes as a
+    :class:`StoreBeside` whose ``path()`` the caller must call before it ends."""
     key = TraceKey.for_model_file(path, overrides) if cache is not None else None
     hit = cache.lookup(key) if cache is not None and key is not None else None
     if hit is not None:
@@ -594,8 +676,11 @@ def trace_model_file(path: str | os.PathLike, overrides: Mapping[str, Any], trac
     recorder = Recorder()
     with recorder.active():
         traced = trace()
-    entry = cache.store(key, traced, recorder) if cache is not None and key is not None else None
-    return traced, entry
+    if cache is None or key is None:
+        return traced, None
+    if beside:
+        return traced, StoreBeside(cache, key, traced, recorder)
+    return traced, cache.store(key, traced, recorder)
 
 
 def _write_atomic(path: Path, blob: bytes) -> None:

@@ -93,8 +93,19 @@ def trace(model: torch.nn.Module, inputs: Sequence[Any], *, has_rule=None, repli
         from hapc.rules import has_rule
     start = time.perf_counter()
     inputs = tuple(inputs)
+    costs: dict[tuple, Cost] = {}
+
+    def meanwhile(short: Graph) -> None:
+        """While the other short trace runs: price the short graph's distinct nodes (the full
+        graph's nodes have the same cost keys, so they are then looked up) and load the rules."""
+        if not any(n.mutates for n in short.nodes):        # else functionalize changes the nodes
+            copy = Graph(dict(short.values), short.nodes, short.inputs, short.params, short.buffers, short.output)
+            _mark_requires_grad(copy)
+            _node_costs(copy, costs)
+        has_rule("aten.mm.default")
+
     # Repeated blocks are traced once and replicated (hapc.blocktrace); the same IR, faster.
-    repeated = trace_repeated(model, inputs, _export, _lift) if replicate_blocks else None
+    repeated = trace_repeated(model, inputs, _export, _lift, meanwhile) if replicate_blocks else None
     if repeated is not None:
         lifted, exported_constants = repeated
     else:
@@ -102,7 +113,7 @@ def trace(model: torch.nn.Module, inputs: Sequence[Any], *, has_rule=None, repli
         lifted, exported_constants = _lift(ep), ep.constants
     graph = functionalize(lifted)
     _mark_requires_grad(graph)
-    _annotate_costs(graph)
+    _annotate_costs(graph, costs)
     graph.unsupported = _unsupported(graph, has_rule)
     graph.torch_facts = record_torch_facts(graph)     # so that emitting a program needs no torch
     constants = {k: v for k, v in exported_constants.items() if isinstance(v, torch.Tensor)}
@@ -355,14 +366,22 @@ def _mark_requires_grad(graph: Graph) -> None:
                 graph.values[out] = Value(v.name, v.meta, v.kind, v.target, True)
 
 
-def _annotate_costs(graph: Graph) -> None:
-    cache: dict[tuple, Cost] = {}
+def _annotate_costs(graph: Graph, cache: dict[tuple, Cost] | None = None) -> None:
+    """Set every node's cost; ``cache`` (by :func:`_cost_key`) may hold costs priced already."""
+    cache = {} if cache is None else cache
+    for node, c in zip(graph.nodes, _node_costs(graph, cache)):
+        node.cost = Cost(c.fwd_flops, c.bwd_flops, c.fwd_bytes, c.bwd_bytes)
+
+
+def _node_costs(graph: Graph, cache: dict[tuple, Cost]) -> list[Cost]:
+    """Each node's cost, from ``cache`` or priced and added to it; the graph is not changed."""
+    costs = []
     for node in graph.nodes:
         key = _cost_key(graph, node)
         if key not in cache:
             cache[key] = _node_cost(graph, node)
-        c = cache[key]
-        node.cost = Cost(c.fwd_flops, c.bwd_flops, c.fwd_bytes, c.bwd_bytes)
+        costs.append(cache[key])
+    return costs
 
 
 def _cost_key(graph: Graph, node: Node) -> tuple:

@@ -224,3 +224,48 @@ def test_a_plan_from_the_replicated_trace_runs_like_the_model():
     assert torch.allclose(got.loss, loss.detach(), atol=1e-10)
     for name, grad in got.grads.items():
         assert torch.allclose(grad, want[names[name]], atol=1e-9), name
+
+
+def test_files_read_by_the_forked_trace_are_announced_here(tmp_path, monkeypatch):
+    """The trace of 3 blocks runs in a forked child: the files it reads (a module it imports, a
+    file it opens) must reach this process's trace-cache recorder, which stamps them."""
+    import sys
+
+    from hapc.forked import Beside
+    from hapc.tracecache import Recorder
+
+    (tmp_path / "bt_child_only.py").write_text("VALUE = 3\n")
+    (tmp_path / "bt_setting.txt").write_text("4")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def job() -> int:
+        import bt_child_only
+
+        return bt_child_only.VALUE + int((tmp_path / "bt_setting.txt").read_text())
+
+    recorder = Recorder()
+    with recorder.active():
+        assert blocktrace._announce_reads(Beside(blocktrace._reads_announced(job)).result()) == 7
+    assert {str(tmp_path / "bt_child_only.py"), str(tmp_path / "bt_setting.txt")} <= recorder.opened
+    sys.modules.pop("bt_child_only", None)         # imported here when there was no spare core
+
+
+def test_beside_another_thread_both_short_traces_run_here(monkeypatch):
+    """A forked child gets only the forking thread: with another Python thread alive (a
+    notebook's), nothing is forked, and the IR is the same."""
+    import threading
+
+    mf = load_model_file(str(MODELS / "gpt.py"), {**SMALL, "layers": 5})
+    model = mf.build_model(device="meta")
+    inputs = tuple(t.to("meta") for t in mf.build_inputs())
+    monkeypatch.setattr(blocktrace, "Beside", lambda job: pytest.fail("forked beside another thread"))
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        full, fast, replicated = _traced_both_ways(model, inputs, monkeypatch)
+    finally:
+        release.set()
+        other.join()
+    assert replicated
+    _same_ir(full, fast)

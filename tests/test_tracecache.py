@@ -302,3 +302,39 @@ def test_a_module_edited_after_it_was_loaded_is_not_stamped(model_dir):
     assert entry is None and not list(cache_dir.glob("*.trace"))
     assert any("tc_helper.py was edited after this process loaded it" in n for n in notes)
     sys.modules.pop("tc_helper", None)
+
+
+def test_the_key_ignores_how_hapc_was_started(tmp_path, monkeypatch):
+    """``hapc`` puts its script directory first on ``sys.path``, ``python -m hapc.cli`` the
+    working directory (usually also on ``PYTHONPATH``): neither changes what an import finds,
+    so both compiles share one entry. A module later put in the script directory does."""
+    bin_dir, work = tmp_path / "bin", tmp_path / "work"
+    bin_dir.mkdir()
+    work.mkdir()
+    (bin_dir / "hapc").write_text("#!/usr/bin/env python\n")
+    (work / "mymodel.py").write_text("")
+    rest = [p for p in sys.path if p]
+    monkeypatch.setattr(sys, "path", [str(bin_dir), str(work)] + rest)
+    as_script = tracecache.TraceKey.for_model_file(MLP, {})
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(sys, "path", ["", str(work)] + rest)
+    as_module = tracecache.TraceKey.for_model_file(MLP, {})
+    assert as_script == as_module
+    (bin_dir / "shadow.py").write_text("")
+    monkeypatch.setattr(sys, "path", [str(bin_dir), str(work)] + rest)
+    assert tracecache.TraceKey.for_model_file(MLP, {}) != as_module
+
+
+def test_quiet_compile_prints_no_cache_notes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HAPC_CACHE_DIR", str(tmp_path / "cache"))
+    args = ["compile", str(MLP), "--cluster", SMALL_MIXED, "--no-emit", "-o", str(tmp_path / "o")] + MLP_SMALL
+    assert main(args + ["-q"]) == 0
+    for entry in (tmp_path / "cache").glob("*.trace"):
+        entry.write_bytes(b"damaged")
+    capsys.readouterr()
+    assert main(args + ["-q"]) == 0
+    assert "note" not in capsys.readouterr().err
+    for entry in (tmp_path / "cache").glob("*.trace"):
+        entry.write_bytes(b"damaged")
+    assert main(args) == 0
+    assert "corrupt" in capsys.readouterr().err
