@@ -5,7 +5,9 @@ each independent of the others. The child starts at the front of the list before
 search and sends each result back as it finishes; once this process is free it works from the
 back of the list, and when the two meet the child is stopped. So neither core idles while jobs
 are left, whichever finishes its own work first. A fork shares the parent's memory without
-copying or pickling it; only results come back, pickled through a pipe.
+copying or pickling it; only results come back, pickled into files of a private temporary
+folder (a pipe would hold the child at its first result while this process is busy), each
+announced through a pipe once written.
 
 Where there is no spare core (:func:`hapc.forked.spare_core`: one core, no ``fork``, or
 ``HAPC_SERIAL`` set), or the child fails in any way, the jobs simply run here: the results are
@@ -18,8 +20,10 @@ import gc
 import os
 import pickle
 import select
+import shutil
 import signal
 import struct
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,8 +43,10 @@ class SharedJobs:
         self.wait_seconds = 0.0              # time this process waited for them
         self._pid = 0
         self._read = -1
+        self._folder = ""
         if not self._jobs or not spare_core():
             return
+        self._folder = tempfile.mkdtemp(prefix="hapc-groups-")
         read, write = os.pipe()
         # Objects alive now stay out of the child's garbage collections: a collection there
         # would touch (and so copy) every page of the parent's heap.
@@ -53,9 +59,12 @@ class SharedJobs:
             os.close(read)
             try:
                 with os.fdopen(write, "wb") as pipe:
-                    for job in self._jobs:
-                        payload = pickle.dumps(job(), protocol=pickle.HIGHEST_PROTOCOL)
-                        pipe.write(_LENGTH.pack(len(payload)) + payload)
+                    for at, job in enumerate(self._jobs):
+                        path = self._path(at)
+                        with open(path + ".part", "wb") as out:
+                            pickle.dump(job(), out, protocol=pickle.HIGHEST_PROTOCOL)
+                        os.replace(path + ".part", path)
+                        pipe.write(_LENGTH.pack(at))
                         pipe.flush()
             except BaseException:                       # noqa: BLE001 - the parent runs what is missing
                 pass
@@ -98,27 +107,21 @@ class SharedJobs:
         return bool(readable)
 
     def _receive(self) -> tuple[Any] | None:
-        """One result from the child (waiting for all of it), or None at its end or on garbage."""
-        head = self._read_exactly(_LENGTH.size)
-        if head is None:
-            return None
-        payload = self._read_exactly(_LENGTH.unpack(head)[0])
-        if payload is None:
-            return None
+        """The child's next result (waiting for it), or None at its end or on garbage."""
+        head = b""
+        while len(head) < _LENGTH.size:
+            chunk = os.read(self._read, _LENGTH.size - len(head))
+            if not chunk:
+                return None
+            head += chunk
         try:
-            return (pickle.loads(payload),)
+            with open(self._path(_LENGTH.unpack(head)[0]), "rb") as result:
+                return (pickle.load(result),)
         except Exception:       # noqa: BLE001 - a garbled result: run it here instead
             return None
 
-    def _read_exactly(self, size: int) -> bytes | None:
-        parts, left = [], size
-        while left:
-            chunk = os.read(self._read, min(left, 1 << 20))
-            if not chunk:
-                return None
-            parts.append(chunk)
-            left -= len(chunk)
-        return b"".join(parts)
+    def _path(self, at: int) -> str:
+        return os.path.join(self._folder, f"{at}.pickle")
 
     def _stop(self) -> None:
         if self._pid:
@@ -126,3 +129,6 @@ class SharedJobs:
             os.close(self._read)
             os.waitpid(self._pid, 0)
             self._pid = 0
+        if self._folder:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = ""

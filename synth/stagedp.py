@@ -291,19 +291,28 @@ def cap_dp(prob: StageProblem, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray
                 same = value[k, :, arc.end]
                 loop = same < nxt
                 nxt = np.where(loop, same, nxt)
-            if not np.isfinite(nxt).any():
+            reached = np.flatnonzero(np.isfinite(nxt).any(axis=0))
+            if not len(reached):
                 continue
-            total = np.where(gates[ai][None] <= cap, arc.cost[None] + nxt[:, None, :], np.inf)
+            # Only the next cuts some cap reaches, the first cuts before them (a stage ends
+            # after it starts), and at the first position only cut 0 (where every plan starts).
+            j0, j1 = int(reached[0]), int(reached[-1]) + 1
+            i1 = 1 if arc.start == 0 else j1 - 1
+            if i1 <= 0:
+                continue
+            total = np.where(gates[ai][None, :i1, j0:j1] <= cap,
+                             arc.cost[None, :i1, j0:j1] + nxt[:, None, j0:j1], np.inf)
             j = total.argmin(axis=2)
             t = np.take_along_axis(total, j[:, :, None], axis=2)[:, :, 0]
-            here = value[k, :, arc.start]
+            j += j0
+            here = value[k, :, arc.start, :i1]
             better = t < here
             if better.any():
                 here[better] = t[better]
-                pick_arc[k, :, arc.start][better] = ai
-                pick_cut[k, :, arc.start][better] = j[better]
+                pick_arc[k, :, arc.start, :i1][better] = ai
+                pick_cut[k, :, arc.start, :i1][better] = j[better]
                 if loop is not None:
-                    pick_loop[:, arc.start][better] = np.take_along_axis(loop, j, axis=1)[better]
+                    pick_loop[:, arc.start, :i1][better] = np.take_along_axis(loop, j, axis=1)[better]
     return value, pick_arc, pick_cut, pick_loop
 
 

@@ -15,7 +15,11 @@ shares included), priced on the group as a cluster of its own. The planner choos
 synthesised once, for the whole graph; :func:`costmodel.pipeline.profile_program` prices its
 program per node and keeps prefix sums, so a layer range on that group costs two
 subtractions. The group's program is chosen for speed with memory left unbounded; memory is
-checked per stage for the layers it holds and the micro-batches in flight.
+checked per stage for the layers it holds and the micro-batches in flight. The groups' A*
+searches and pricers (and the ``pipeline-even`` baseline's dp-even nodes) are independent
+jobs: ``synthesize(stages=...)`` starts them in a forked child before the one-stage search,
+and this process takes the rest from the other end once free (:meth:`StagePlanner.start_groups`,
+:mod:`synth.sharedwork`); the results are those of one job after the other.
 
 **Search, exact under the cost model.** The planner builds one problem per device order and
 micro-batch count: every group at every position, priced for every pair of cuts (what a

@@ -1,0 +1,61 @@
+"""Jobs shared with a forked child (synth/sharedwork.py): every result comes back in list
+order, whoever ran it, and nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from hapc.forked import spare_core
+from synth.sharedwork import SharedJobs
+
+
+def _job(i: int, seconds: float = 0.0):
+    def run():
+        time.sleep(seconds)
+        return {"job": i, "pid": os.getpid(), "payload": list(range(20000))}    # bigger than a pipe holds
+    return run
+
+
+def test_results_come_back_in_order_from_both_ends():
+    if not spare_core():
+        pytest.skip("one core: no child")
+    jobs = SharedJobs([_job(i, 0.05) for i in range(8)])
+    assert jobs.forked
+    time.sleep(0.3)                         # this process is busy elsewhere meanwhile
+    out = jobs.results()
+    assert [r["job"] for r in out] == list(range(8))
+    assert all(r["payload"] == list(range(20000)) for r in out)
+    assert 1 <= jobs.from_child <= 8
+    assert {r["pid"] for r in out[:jobs.from_child]} == {r["pid"] for r in out[:1]} != {os.getpid()}
+    assert all(r["pid"] == os.getpid() for r in out[jobs.from_child:])
+
+
+def test_serial_and_failing_children_give_the_same_results(monkeypatch):
+    expected = [r["job"] for r in SharedJobs([_job(i) for i in range(3)]).results()]
+    calls = []
+
+    def failing_in_child():
+        if os.getpid() != parent:
+            raise RuntimeError("only in the child")
+        calls.append(1)
+        return {"job": 1}
+
+    parent = os.getpid()
+    jobs = SharedJobs([_job(0), failing_in_child, _job(2)])
+    assert [r["job"] for r in jobs.results()] == expected == [0, 1, 2]
+    monkeypatch.setenv("HAPC_SERIAL", "1")
+    serial = SharedJobs([_job(i) for i in range(3)])
+    assert not serial.forked and [r["job"] for r in serial.results()] == [0, 1, 2]
+
+
+def test_cancel_stops_the_child_and_removes_its_files():
+    if not spare_core():
+        pytest.skip("one core: no child")
+    jobs = SharedJobs([_job(i, 0.5) for i in range(4)])
+    folder = jobs._folder
+    assert os.path.isdir(folder)
+    jobs.cancel()
+    assert not os.path.exists(folder) and not jobs.forked
