@@ -1,6 +1,7 @@
 """What one whole ``synthesize()`` does, counted rather than timed (counts do not depend on
 the machine's load): simulations, memory-model runs, node and collective pricings made by
-the simulator and the LP coefficients, A* searches (the Megatron baseline's included), LP
+the simulator and the LP coefficients, A* searches (the Megatron baseline's included) and
+their expansions (the loop's), layout changes the searches price, segment eliminations, LP
 solves and rounds, plus the CPU seconds of the loop (tracing excluded).
 
 To compare with ``main`` (this file may not be there yet)::
@@ -36,6 +37,8 @@ COUNTED = (
     ("costmodel.simulator", "collective_seconds", "collective pricings"),
     ("costmodel.simcache", "best_variant", "collective pricings"),
     ("costmodel.simcache", "collective_seconds", "collective pricings"),
+    ("synth.costs", "Prices._price_move", "search move pricings"),
+    ("synth.elimination", "_SegmentProblem.transfer", "segment eliminations"),
 )
 
 
@@ -45,7 +48,9 @@ def _counting(counts: collections.Counter) -> None:
             module = importlib.import_module(module_name)
         except ImportError:
             continue
-        fn = getattr(module, name, None)
+        owner_name, _, name = name.rpartition(".")          # "Class.method" counts a method
+        owner = getattr(module, owner_name, None) if owner_name else module
+        fn = getattr(owner, name, None)
         if fn is None:
             continue
 
@@ -53,7 +58,7 @@ def _counting(counts: collections.Counter) -> None:
             counts[_label] += 1
             return _fn(*args, **kwargs)
 
-        setattr(module, name, counted)
+        setattr(owner, name, counted)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.process_time()
         syn = synthesize_program(graph, cluster)
         seconds = time.process_time() - start
-        print(f"{spec}: {seconds:.2f} s CPU, {len(syn.rounds)} rounds, "
+        print(f"{spec}: {seconds:.2f} s CPU, {len(syn.rounds)} rounds, A* expansions {syn.states_expanded}, "
               + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), flush=True)
     return 0
 

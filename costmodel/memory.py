@@ -30,7 +30,8 @@ from dataclasses import dataclass, field, replace
 from costmodel.classes import RankClasses, rank_classes
 from costmodel.cluster import Cluster
 from costmodel.opclass import op_class
-from costmodel.transfers import forward_move, local_bytes
+from costmodel.transfers import LocalBytes, forward_move
+from hapc.ir.graph import Graph
 from hapc.ir.layout import Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute
 
@@ -119,16 +120,20 @@ def optimizer_copies(optimizer: str | int) -> int:
 
 
 def program_memory(program: DistProgram, cluster: Cluster | None = None,
-                   optimizer: str | int = "adamw", classes: RankClasses | None = None) -> MemoryReport:
+                   optimizer: str | int = "adamw", classes: RankClasses | None = None,
+                   pieces: LocalBytes | None = None) -> MemoryReport:
     """Predicted bytes per device of ``program`` (see the module docstring for each part).
 
     Computed once per class of ranks the model cannot tell apart (``classes``, found from the
     program and cluster when not given; see :mod:`costmodel.classes`) and copied to the
-    members: the same numbers as rank by rank."""
+    members: the same numbers as rank by rank. ``pieces`` (the program's
+    :class:`~costmodel.transfers.LocalBytes`, a simulation's) lends the byte counts it knows."""
     graph = program.graph
     copies = optimizer_copies(optimizer)
     if classes is None:
         classes = rank_classes(program, cluster)
+    if pieces is None or pieces.program is not program:
+        pieces = LocalBytes(program)
     reps = classes.representatives
     lanes = classes.count
     mem = [DeviceMemory() for _ in range(lanes)]
@@ -145,26 +150,29 @@ def program_memory(program: DistProgram, cluster: Cluster | None = None,
 
     for name in graph.params + graph.buffers:
         layout = program.source_layouts.get(name, Replicate())
-        piece = local_bytes(program, name, layout)
+        piece = pieces(name, layout)
         add("params_bytes", piece)
         if graph.values[name].requires_grad:
             add("grads_bytes", piece)
             add("optimizer_bytes", piece, copies)
     for name in graph.inputs:
-        add("activations_bytes", local_bytes(program, name, program.source_layouts.get(name, Replicate())))
+        add("activations_bytes", pieces(name, program.source_layouts.get(name, Replicate())))
 
-    nodes = {n.name: n for n in graph.nodes}
+    facts = _node_facts(graph)
     cast_params: set[str] = set()
     for step in program.steps:
         if isinstance(step, Compute):
-            node = nodes[step.node]
-            if op_class(node.op) == "view":
-                continue
-            for out, layout in kept_for_backward(program, node, step):
-                add("activations_bytes", local_bytes(program, out, layout))
-            _add_autocast_copies(program, node, step, cast_params, add)
+            node, kept, casts = facts[step.node]
+            if kept is None:
+                continue                        # a view keeps nothing of its own
+            outputs = step.strategy.outputs
+            for k, out in kept:
+                if k < len(outputs):            # as zip(node.outputs, outputs) pairs them
+                    add("activations_bytes", pieces(out, outputs[k]))
+            if casts:
+                _add_autocast_copies(program, node, step, cast_params, add, pieces)
         elif isinstance(step, Redistribute):
-            _add_redistribute(program, step, mem, sums["activations_bytes"], reps)
+            _add_redistribute(program, step, mem, sums["activations_bytes"], reps, pieces)
     for part, acc in sums.items():
         for m, total in zip(mem, acc):
             setattr(m, part, total)
@@ -174,6 +182,32 @@ def program_memory(program: DistProgram, cluster: Cluster | None = None,
     names = [d.type for d in cluster.devices] if cluster is not None else []
     label = optimizer if isinstance(optimizer, str) else f"{optimizer} copies"
     return MemoryReport(mem, capacity, label, names)
+
+
+_RECENT_FACTS: list[tuple[Graph, tuple[int, int], dict[str, tuple]]] = []
+
+
+def _node_facts(graph: Graph) -> dict[str, tuple]:
+    """Per node name: (the node, the (output index, name) pairs :func:`kept_for_backward`
+    keeps or None for a view, whether its result is low precision so it may cast weights).
+    They depend on the graph alone, and synthesize() works out the memory of a dozen programs
+    of one graph, so a few recent graphs keep theirs (by identity, their size as a guard
+    against a graph edited in place)."""
+    size = (len(graph.nodes), len(graph.values))
+    for g, known_size, facts in _RECENT_FACTS:
+        if g is graph and known_size == size:
+            return facts
+    facts = {}
+    values = graph.values
+    for node in graph.nodes:
+        if op_class(node.op) == "view":
+            facts[node.name] = (node, None, False)
+            continue
+        kept = tuple((k, out) for k, out in enumerate(node.outputs) if values[out].requires_grad)
+        low = node.outputs and values[node.outputs[0]].meta.dtype in ("bfloat16", "float16")
+        facts[node.name] = (node, kept, bool(low))
+    _RECENT_FACTS[:] = [e for e in _RECENT_FACTS if e[0] is not graph][-3:] + [(graph, size, facts)]
+    return facts
 
 
 def kept_for_backward(program: DistProgram, node, step: Compute) -> list[tuple[str, object]]:
@@ -187,7 +221,8 @@ def kept_for_backward(program: DistProgram, node, step: Compute) -> list[tuple[s
             if program.graph.values[out].requires_grad]
 
 
-def _add_autocast_copies(program: DistProgram, node, step: Compute, seen: set[str], add) -> None:
+def _add_autocast_copies(program: DistProgram, node, step: Compute, seen: set[str], add,
+                         pieces: LocalBytes) -> None:
     """A float32 weight feeding a bf16/fp16 product (a mixed-precision graph, see
     :mod:`hapc.ir.precision`) is cast by autocast, and the low-precision copy lives until
     backward: its local bytes at 2 per element, once per weight (autocast caches the cast)."""
@@ -199,16 +234,16 @@ def _add_autocast_copies(program: DistProgram, node, step: Compute, seen: set[st
         v = graph.values[ref]
         if v.kind == "param" and v.meta.dtype == "float32" and ref not in seen:
             seen.add(ref)
-            add("activations_bytes", local_bytes(program, ref, layout), 0.5)
+            add("activations_bytes", pieces(ref, layout), 0.5)
 
 
 def _add_redistribute(program: DistProgram, step: Redistribute, mem: list[DeviceMemory],
-                      activations_bytes: list[float], reps: Sequence[int]) -> None:
+                      activations_bytes: list[float], reps: Sequence[int], pieces: LocalBytes) -> None:
     """``mem`` and ``activations_bytes`` hold one entry per class, for the ranks ``reps``."""
-    move = forward_move(program, step)
+    move = forward_move(program, step, pieces)
     if move is None:
         return       # nothing moves; a slice is a view of a value already counted
-    out = local_bytes(program, step.out, step.dst_layout)
+    out = pieces(step.out, step.dst_layout)
     if program.graph.values[step.src.split("@", 1)[0]].requires_grad:
         for c, r in enumerate(reps):
             activations_bytes[c] += out[r]

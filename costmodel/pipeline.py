@@ -44,12 +44,10 @@ from typing import Any
 import numpy as np
 
 from costmodel.cluster import Cluster, Link
-from costmodel.collectives import best_variant
-from costmodel.compute import ComputeTime, node_seconds
-from costmodel.internal import internal_all_reduces
 from costmodel.memory import kept_for_backward, optimizer_copies
-from costmodel.simulator import SFB_LOCAL, _fractions, factor_synced_params
-from costmodel.transfers import backward_move, forward_move, local_bytes
+from costmodel.simcache import SimulationCache
+from costmodel.simulator import SFB_LOCAL, _ClassFractions, factor_synced_params
+from costmodel.transfers import LocalBytes, backward_move, forward_move, local_bytes
 from hapc.ir.graph import Graph
 from hapc.ir.layout import Replicate
 from hapc.ir.program import Compute, DistProgram, Redistribute
@@ -59,9 +57,13 @@ SCHEDULES = ("1f1b", "gpipe")
 
 def batch_dependent_values(graph: Graph) -> set[str]:
     """Values computed from a model input: they shrink with the micro-batch."""
+    return set(graph_facts(graph).batch)
+
+
+def _batch_dependent(graph: Graph, refs: list[tuple[str, ...]]) -> set[str]:
     found = set(graph.inputs)
-    for node in graph.nodes:
-        if any(v in found for v in node.input_refs()):
+    for node, reads in zip(graph.nodes, refs):
+        if any(v in found for v in reads):
             found.update(node.outputs)
     return found
 
@@ -75,8 +77,8 @@ class ProgramProfile:
     gradients to all-reduce (``grad_sync_bytes``), each rank's optimizer seconds and its
     parameter + gradient + optimizer-state bytes (``static_bytes``); per micro-batch, each
     rank's activation bytes kept for backward (``activation_bytes``). A parameter is charged
-    to the node that reads it first; ``param_uses`` lists every node reading it, for stages
-    that share one.
+    to the node that reads it first; for a parameter read by two or more nodes (a head tied
+    to its embedding), ``param_uses`` lists them, for stages that share it.
     """
 
     cluster: Cluster
@@ -105,14 +107,15 @@ class ProgramProfile:
 @dataclass(frozen=True)
 class GraphFacts:
     """What every group's pricer asks of the graph, found once per graph: node positions, the
-    values that shrink with the micro-batch, the nodes whose outputs do, and which nodes read
-    each parameter, buffer and input."""
+    values that shrink with the micro-batch, the nodes whose outputs do, which nodes read
+    each parameter, buffer and input, and what each node reads (``refs``, in node order)."""
 
     index: dict[str, int]
     nodes: dict[str, Any]
     batch: set[str]
     scaled: list[bool]
     uses: dict[str, list[int]]
+    refs: list[tuple[str, ...]]
 
 
 _FACTS: dict[int, tuple[weakref.ref, GraphFacts]] = {}
@@ -125,14 +128,15 @@ def graph_facts(graph: Graph) -> GraphFacts:
     if hit is not None and hit[0]() is graph:
         return hit[1]
     index = {node.name: i for i, node in enumerate(graph.nodes)}
-    batch = batch_dependent_values(graph)
+    refs = [tuple(node.input_refs()) for node in graph.nodes]
+    batch = _batch_dependent(graph, refs)
     uses: dict[str, list[int]] = {}
-    for i, node in enumerate(graph.nodes):
-        for ref in node.input_refs():
+    for i, reads in enumerate(refs):
+        for ref in reads:
             if graph.values[ref].kind in ("param", "buffer", "input"):
                 uses.setdefault(ref, []).append(i)
     facts = GraphFacts(index, {node.name: node for node in graph.nodes}, batch,
-                       [any(o in batch for o in node.outputs) for node in graph.nodes], uses)
+                       [any(o in batch for o in node.outputs) for node in graph.nodes], uses, refs)
     for key in [k for k, (ref, _) in _FACTS.items() if ref() is None]:
         del _FACTS[key]
     _FACTS[id(graph)] = (weakref.ref(graph), facts)
@@ -173,8 +177,12 @@ class ProgramPricer:
         self.moves: list[tuple[int, str, str, tuple[float, ...], tuple | None, bool]] = []
         self.fixed_comm = np.zeros((n, 2))   # internal all-reduces (a few bytes; not scaled)
         launch = cluster.launch_latency_seconds
-        kinds = [(tuple(d.peak_flops.values()), d.hbm_bandwidth_Bps) for d in cluster.devices]
-        one_kind = len(set(kinds)) == 1
+        # Repeated layers price alike: node times, a step's share of the work and collectives
+        # are looked up by what they depend on (the simulator's own caches, the same floats).
+        cache = self._cache = SimulationCache(graph, cluster)
+        shares = _ClassFractions(program, range(world), LocalBytes(program))
+        lanes = [(r, cache.device_key(r)) for r in range(world)]
+        rows_of: dict[tuple, tuple[list[float], list[float], list[float], list[float]]] = {}
         pending: list[Redistribute] = []
 
         def add_move(i: int, step: Redistribute) -> None:
@@ -182,6 +190,9 @@ class ProgramPricer:
             for move, phase in ((forward_move(program, step), "fwd"), (backward_move(program, step), "bwd")):
                 if move is not None:
                     self.moves.append((i, phase, move.kind, move.piece_bytes, move.send_matrix, scales))
+
+        def all_reduces_seconds(nbytes: list[float]) -> float:
+            return sum(cache.best("all_reduce", [b] * world)[1] for b in nbytes)
 
         for step in program.steps:
             if isinstance(step, Redistribute):
@@ -193,30 +204,26 @@ class ProgramPricer:
                 add_move(i, r_step)
             pending = []
             self.scaled[i] = facts.scaled[i]
-            seen: dict[tuple, tuple[float, float]] = {}      # equal devices with equal pieces price alike
-            fracs = _fractions(program, step, node.outputs)
-            if one_kind and fracs.count(fracs[0]) == world:       # the common case: one price for all
-                t: ComputeTime = node_seconds(node, graph, cluster.devices[0], cluster, fracs[0])
-                f_row, b_row = [t.fwd_seconds] * world, [t.bwd_seconds] * world
-            else:
-                times = []
-                for r, frac in enumerate(fracs):
-                    key = (frac, kinds[r])
-                    if key not in seen:
-                        t = node_seconds(node, graph, cluster.devices[r], cluster, frac)
-                        seen[key] = (t.fwd_seconds, t.bwd_seconds)
-                    times.append(seen[key])
-                f_row, b_row = [f for f, _ in times], [b for _, b in times]
-            for rows, launches, row in ((fwd_rows, fwd_launches, f_row), (bwd_rows, bwd_launches, b_row)):
-                here = [launch if x > 0 else 0.0 for x in row]
+            node_key = cache.node_key(node)
+            fracs = shares.of(step, node.outputs)
+            priced = rows_of.get((node_key, fracs))
+            if priced is None:
+                times = [cache.node_time(node, node_key, r, dk, f) for (r, dk), f in zip(lanes, fracs)]
+                f_row, b_row = [t.fwd_seconds for t in times], [t.bwd_seconds for t in times]
+                priced = rows_of[(node_key, fracs)] = (f_row, b_row, [launch if x > 0 else 0.0 for x in f_row],
+                                                       [launch if x > 0 else 0.0 for x in b_row])
+            for rows, launches, row, here in ((fwd_rows, fwd_launches, priced[0], priced[2]),
+                                              (bwd_rows, bwd_launches, priced[1], priced[3])):
                 if i in rows:            # a node priced by two steps: add up
                     row = [a + b for a, b in zip(rows[i], row)]
                     here = [a + b for a, b in zip(launches[i], here)]
                 rows[i], launches[i] = row, here
             if world > 1:
-                fwd_b, bwd_b = internal_all_reduces(step.strategy.local, node, graph)
-                self.fixed_comm[i, 0] += sum(best_variant("all_reduce", [b] * world, cluster)[1] for b in fwd_b)
-                self.fixed_comm[i, 1] += sum(best_variant("all_reduce", [b] * world, cluster)[1] for b in bwd_b)
+                fwd_b, bwd_b = cache.internal(step.strategy.local, node)
+                if fwd_b:
+                    self.fixed_comm[i, 0] += all_reduces_seconds(fwd_b)
+                if bwd_b:
+                    self.fixed_comm[i, 1] += all_reduces_seconds(bwd_b)
                 if step.strategy.local == SFB_LOCAL:
                     for name, lay in ((step.inputs[0], step.strategy.inputs[0]),
                                       (node.outputs[0], step.strategy.outputs[0])):
@@ -275,9 +282,10 @@ class ProgramPricer:
                 self.opt[i] += np.where(piece > 0, piece * accesses / hbm_Bps + cluster.launch_latency_seconds, 0.0)
                 if isinstance(layout, Replicate) and world > 1 and name not in synced_by_factors:
                     self.grad[i] += piece[0]
-                    self.param_grad[name] = float(piece[0])
+                    if len(uses[name]) > 1:
+                        self.param_grad[name] = float(piece[0])
             self.static[i] += held
-            if value.kind == "param":
+            if value.kind == "param" and len(uses[name]) > 1:      # only a shared one can be in two stages
                 self.first_use[name] = i
                 self.param_uses[name] = uses[name]
                 self.param_static[name] = held
@@ -297,7 +305,7 @@ class ProgramPricer:
                     target[i, r] += sized[r] / (dev.hbm_bandwidth_Bps * self.cluster.efficiency["hbm"])
                 continue
             mat = None if matrix is None else [[b * s for b in row] for row in matrix]
-            comm[i, 0 if phase == "fwd" else 1] += best_variant(kind, sized, self.cluster, send_matrix=mat)[1]
+            comm[i, 0 if phase == "fwd" else 1] += self._cache.best(kind, sized, mat)[1]
         act = self.act / m + self.act_fixed
 
         def prefix(a: np.ndarray) -> np.ndarray:
@@ -312,14 +320,13 @@ def boundary_bytes(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     """Bytes of activations live across each cut ``i`` (produced before node ``i``, read at or
     after it), forward and the part that carries a gradient back: index ``i`` in ``[0, n]``."""
     n = len(graph.nodes)
-    index = {node.name: i for i, node in enumerate(graph.nodes)}
     produced: dict[str, int] = {}
     last_use: dict[str, int] = {}
-    for node in graph.nodes:
+    for i, (node, reads) in enumerate(zip(graph.nodes, graph_facts(graph).refs)):
         for out in node.outputs:
-            produced[out] = index[node.name]
-        for ref in node.input_refs():
-            last_use[ref] = index[node.name]
+            produced[out] = i
+        for ref in reads:
+            last_use[ref] = i
     fwd = np.zeros(n + 1)
     bwd = np.zeros(n + 1)
     for value, p in produced.items():

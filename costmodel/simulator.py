@@ -47,7 +47,7 @@ from costmodel.cluster import Cluster, load_cluster
 from costmodel.collectives import dual_variant, resolve_variant
 from costmodel.memory import PARTS, MemoryReport, optimizer_copies, program_memory
 from costmodel.simcache import SimulationCache
-from costmodel.transfers import Move, backward_move, forward_move, local_bytes
+from costmodel.transfers import LocalBytes, Move, backward_move, forward_move
 from hapc.errors import UserError
 from hapc.ir.layout import Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute
@@ -97,8 +97,8 @@ class SimResult:
     @property
     def memory(self) -> MemoryReport:
         if self._memory is None:
-            program, optimizer, classes = self._memory_inputs
-            self._memory = program_memory(program, self.cluster, optimizer, classes)
+            program, optimizer, classes, pieces = self._memory_inputs
+            self._memory = program_memory(program, self.cluster, optimizer, classes, pieces)
             self._memory_inputs = None
         return self._memory
 
@@ -243,6 +243,11 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
         cache = SimulationCache(graph, cluster)
     nodes = cache.nodes
     world = program.world
+    # A copy of the program's lists for the memory model, which may run later, maybe after the
+    # caller has appended to the original; its byte counts serve both.
+    frozen = DistProgram(graph, program.shares, dict(program.source_layouts), list(program.steps),
+                         _blocks=program.blocks())
+    pieces = LocalBytes(frozen)
     # One timeline per class of ranks the model cannot tell apart (costmodel.classes), copied
     # to every member at the end: the same floats as one timeline per rank.
     classes = rank_classes(program, cluster)
@@ -255,7 +260,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
     device_keys = [cache.device_key(r) for r in reps]
     lanes = list(zip(reps, device_keys))
     by_fractions: dict[tuple, tuple[list[float], list[float]]] = {}   # (node key, fractions) -> times
-    fractions = _ClassFractions(program, reps)
+    fractions = _ClassFractions(program, reps, pieces)
 
     def times(step: Compute, node) -> tuple[list[float], list[float]]:
         """Forward and backward seconds of the step on each class."""
@@ -278,7 +283,8 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
             if step.strategy.local is not None:
                 _run_internal(clock, cache, step, node, "fwd")
         else:
-            chosen[i] = _run_move(clock, cache, forward_move(program, step), step, "fwd", step.method, reps)
+            chosen[i] = _run_move(clock, cache, forward_move(program, step, pieces), step, "fwd", step.method,
+                                  reps)
     forward_end = max(clock.t)
 
     # 2-3. backward, with gradient all-reduces of Replicate parameters as they complete
@@ -312,9 +318,10 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
             if step.strategy.local is not None:
                 _run_internal(clock, cache, step, node, "bwd")
             if step.strategy.local == SFB_LOCAL and world > 1:
-                _factor_gather(clock, cache, program, step, node)
+                _factor_gather(clock, cache, pieces, step, node)
         else:
-            _run_move(clock, cache, backward_move(program, step), step, "bwd", chosen.get(i, step.method), reps)
+            _run_move(clock, cache, backward_move(program, step, pieces), step, "bwd", chosen.get(i, step.method),
+                      reps)
         for param in ready_at.get(i, []):
             bucket.append(param)
             bucket_size += cache.whole_bytes(param)
@@ -335,7 +342,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
     exposed = max(0.0, end - backward_end) if sync_events else 0.0
 
     # 4. optimizer step
-    clock.work(_optimizer_seconds(program, cluster, optimizer, reps, cache), "optimizer", "optimizer step", "elementwise")
+    clock.work(_optimizer_seconds(program, cluster, optimizer, reps, cache, pieces), "optimizer", "optimizer step", "elementwise")
 
     iteration = max(clock.t)
     for r in range(classes.count):
@@ -347,10 +354,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
         forward_seconds=forward_end, backward_seconds=backward_end - forward_end,
         grad_sync_seconds=sync_total, exposed_grad_sync_seconds=exposed,
         lower_bound_seconds=cache.lower_bound_seconds(), events=clock.events,
-        # A copy of the program's lists: the memory model reads it later, maybe after the
-        # caller has appended to the original.
-        _memory_inputs=(DistProgram(graph, program.shares, dict(program.source_layouts), list(program.steps),
-                                    _blocks=program.blocks()), optimizer, classes))
+        _memory_inputs=(frozen, optimizer, classes, pieces))
 
 
 def _fractions(program: DistProgram, step: Compute, outputs: tuple[str, ...],
@@ -375,10 +379,10 @@ class _ClassFractions:
     depends on (the sharded dimension's length and block count), so the steps of repeated
     layers share one tuple."""
 
-    def __init__(self, program: DistProgram, reps: Sequence[int]) -> None:
+    def __init__(self, program: DistProgram, reps: Sequence[int], pieces: LocalBytes) -> None:
         self.program, self.reps = program, reps
         self.blocks = program.blocks()
-        self.meta = program.graph.meta
+        self.size = pieces.size            # (bytes, shape) by value name, remembered
         self.whole = (1.0,) * len(reps)
         self.known: dict[tuple[int, int], tuple[float, ...]] = {}
 
@@ -387,7 +391,7 @@ class _ClassFractions:
         for names, layouts in ((step.inputs, strategy.inputs), (outputs, strategy.outputs)):
             for name, layout in zip(names, layouts):
                 if isinstance(layout, Shard):
-                    shape = self.meta(name.split("@", 1)[0]).shape
+                    shape = self.size(name)[1]
                     d = layout.dim + len(shape) if layout.dim < 0 else layout.dim
                     length = shape[d]
                     if length > 0:
@@ -492,17 +496,18 @@ def factor_synced_params(program: DistProgram) -> set[str]:
     return sfb - other
 
 
-def _factor_gather(clock: _Clock, cache: SimulationCache, program: DistProgram, step: Compute, node) -> None:
+def _factor_gather(clock: _Clock, cache: SimulationCache, pieces: LocalBytes, step: Compute, node) -> None:
     """The backward of a sufficient-factor step: gather the input and output-gradient pieces."""
-    pieces_x = local_bytes(program, step.inputs[0], step.strategy.inputs[0])
-    pieces_y = local_bytes(program, node.outputs[0], step.strategy.outputs[0])
+    pieces_x = pieces(step.inputs[0], step.strategy.inputs[0])
+    pieces_y = pieces(node.outputs[0], step.strategy.outputs[0])
     for pieces in (pieces_x, pieces_y):
         variant, seconds = cache.best("all_gather", pieces)
         clock.collective(seconds, "bwd", f"{step.node}: sufficient factors", "all_gather", variant)
 
 
 def _optimizer_seconds(program: DistProgram, cluster: Cluster, optimizer: str | int,
-                       reps: Sequence[int], cache: SimulationCache | None = None) -> list[float]:
+                       reps: Sequence[int], cache: SimulationCache | None = None,
+                       pieces: LocalBytes | None = None) -> list[float]:
     """Memory-bound update of each rank's local trainable parameters.
 
     Per element it reads the parameter, its gradient and each state copy, and writes the
@@ -510,6 +515,7 @@ def _optimizer_seconds(program: DistProgram, cluster: Cluster, optimizer: str | 
     """
     accesses = 3 + 2 * optimizer_copies(optimizer)
     graph = program.graph
+    pieces_of = pieces or LocalBytes(program)
     local = [0.0] * len(reps)
     for p in graph.params:
         if graph.values[p].requires_grad:
@@ -519,9 +525,9 @@ def _optimizer_seconds(program: DistProgram, cluster: Cluster, optimizer: str | 
                 for c in range(len(reps)):
                     local[c] += whole
                 continue
-            pieces = local_bytes(program, p, layout)
+            piece = pieces_of(p, layout)
             for c, r in enumerate(reps):
-                local[c] += pieces[r]
+                local[c] += piece[r]
     out = []
     for c, dev in enumerate(cluster.devices[r] for r in reps):
         nbytes = local[c] * accesses

@@ -58,63 +58,108 @@ def local_bytes(program: DistProgram, name: str, layout: Layout) -> list[float]:
     return program.piece_bytes(name, layout.dim, full)
 
 
-def forward_move(program: DistProgram, step: Redistribute) -> Move | None:
-    """The transfer a Redistribute performs in the forward pass (None when nothing moves)."""
-    return _move(program, step.src, step.out, step.src_layout, step.dst_layout)
+class LocalBytes:
+    """:func:`local_bytes` for the values of one program, remembered by what the bytes depend
+    on: a value's size, and for a ``Shard`` the length and block count of its dimension. The
+    simulator and the memory model ask for thousands of values per program, mostly the same
+    few sizes (every layer of a transformer holds the same pieces); each answer is the very
+    list of floats :func:`local_bytes` gives, shared, so callers must not change it."""
+
+    def __init__(self, program: DistProgram) -> None:
+        self.program = program
+        self.world = program.world
+        self.blocks = program.blocks()
+        self.values = program.graph.values
+        self._sizes: dict[str, tuple[float, tuple[int, ...]]] = {}    # name -> (whole bytes, shape)
+        self._whole: dict[float, list[float]] = {}
+        self._pieces: dict[tuple[int, int, float], list[float]] = {}
+
+    def size(self, name: str) -> tuple[float, tuple[int, ...]]:
+        """(whole bytes, shape) of a value (a copy ``base@...`` has its base's)."""
+        hit = self._sizes.get(name)
+        if hit is None:
+            meta = self.values[name.split("@", 1)[0]].meta
+            hit = self._sizes[name] = (float(meta.numel * DTYPE_BYTES.get(meta.dtype, 4)), meta.shape)
+        return hit
+
+    def __call__(self, name: str, layout: Layout) -> list[float]:
+        full, shape = self.size(name)
+        if not isinstance(layout, Shard):
+            whole = self._whole.get(full)
+            if whole is None:
+                whole = self._whole[full] = [full] * self.world
+            return whole
+        d = layout.dim + len(shape) if layout.dim < 0 else layout.dim
+        length = shape[d]
+        if length == 0:
+            return [0.0] * self.world
+        key = (length, self.blocks.get((name, d), length), full)
+        hit = self._pieces.get(key)
+        if hit is None:           # what DistProgram.piece_bytes computes, in the same order
+            hit = self._pieces[key] = [full * n / length for n in self.program.lengths(name, d)]
+        return hit
 
 
-def backward_move(program: DistProgram, step: Redistribute) -> Move | None:
+def forward_move(program: DistProgram, step: Redistribute, pieces: LocalBytes | None = None) -> Move | None:
+    """The transfer a Redistribute performs in the forward pass (None when nothing moves).
+    ``pieces`` (the program's :class:`LocalBytes`) saves working out its byte counts again."""
+    return _move(program, step.src, step.out, step.src_layout, step.dst_layout, pieces or LocalBytes(program))
+
+
+def backward_move(program: DistProgram, step: Redistribute, pieces: LocalBytes | None = None) -> Move | None:
     """The dual transfer autograd performs for the gradient (None when nothing moves)."""
     if not requires_grad(program, step.src):
         return None
     src, dst = step.src_layout, step.dst_layout
     if src == dst:
         return None
+    pieces = pieces or LocalBytes(program)
     # The gradient travels from the gradient layout of dst to that of src.
     if isinstance(src, Shard) and isinstance(dst, Replicate):
-        return Move("reduce_scatter", tuple(local_bytes(program, step.src, src)))
+        return Move("reduce_scatter", tuple(pieces(step.src, src)))
     if isinstance(src, Partial) and isinstance(dst, Replicate):
-        return _move(program, step.out, step.src, Partial(), Replicate())
+        return _move(program, step.out, step.src, Partial(), Replicate(), pieces)
     if isinstance(src, Partial) and isinstance(dst, Shard):
-        return Move("all_gather", tuple(local_bytes(program, step.out, dst)))
+        return Move("all_gather", tuple(pieces(step.out, dst)))
     if isinstance(src, Shard) and isinstance(dst, Shard):
-        fwd = _move(program, step.src, step.out, src, dst)
+        fwd = _move(program, step.src, step.out, src, dst, pieces)
         assert fwd is not None and fwd.send_matrix is not None
-        return Move("all_to_all", tuple(local_bytes(program, step.out, dst)), fwd.send_matrix.transposed())
+        return Move("all_to_all", tuple(pieces(step.out, dst)), fwd.send_matrix.transposed())
     if isinstance(src, Replicate) and isinstance(dst, Shard):      # slice; its dual pads (S -> P)
-        return _local(program, step.src, zero_rank=None)
+        return _local(program, step.src, None, pieces)
     if isinstance(src, Shard) and isinstance(dst, Partial):        # pad; its dual slices
         return None
     if isinstance(src, Replicate) and isinstance(dst, Partial):    # the dual is the same masking
-        return _local(program, step.src, zero_rank=0)
+        return _local(program, step.src, 0, pieces)
     raise ValueError(f"no backward for {src} -> {dst}")
 
 
-def _move(program: DistProgram, src_name: str, out_name: str, src: Layout, dst: Layout) -> Move | None:
+def _move(program: DistProgram, src_name: str, out_name: str, src: Layout, dst: Layout,
+          pieces: LocalBytes) -> Move | None:
     if src == dst:
         return None
     if isinstance(src, Shard) and isinstance(dst, Replicate):
-        return Move("all_gather", tuple(local_bytes(program, src_name, src)))
+        return Move("all_gather", tuple(pieces(src_name, src)))
     if isinstance(src, Partial) and isinstance(dst, Replicate):
-        return Move("all_reduce", tuple(local_bytes(program, src_name, src)))
+        return Move("all_reduce", tuple(pieces(src_name, src)))
     if isinstance(src, Partial) and isinstance(dst, Shard):
-        return Move("reduce_scatter", tuple(local_bytes(program, out_name, dst)))
+        return Move("reduce_scatter", tuple(pieces(out_name, dst)))
     if isinstance(src, Shard) and isinstance(dst, Shard):
-        before = local_bytes(program, src_name, src)
+        before = pieces(src_name, src)
         full = float(sum(before))
-        after = local_bytes(program, out_name, dst)
+        after = pieces(out_name, dst)
         # Rank r holds its src piece; rank s wants its dst piece: the overlap is their product.
         return Move("all_to_all", tuple(before), OverlapSends(before, after, full))
     if isinstance(src, Replicate) and isinstance(dst, Shard):
         return None                                                # a view of the local copy
     if isinstance(src, Shard) and isinstance(dst, Partial):
-        return _local(program, src_name, zero_rank=None)
+        return _local(program, src_name, None, pieces)
     if isinstance(src, Replicate) and isinstance(dst, Partial):
-        return _local(program, src_name, zero_rank=0)
+        return _local(program, src_name, 0, pieces)
     raise ValueError(f"cannot redistribute {src} -> {dst}")
 
 
-def _local(program: DistProgram, name: str, zero_rank: int | None) -> Move:
+def _local(program: DistProgram, name: str, zero_rank: int | None, pieces: LocalBytes) -> Move:
     """A local write of a full-size tensor (zero padding or zeros), on every rank but ``zero_rank``."""
-    full = local_bytes(program, name, Replicate())[0]
+    full = pieces.size(name)[0]
     return Move("local", tuple(0.0 if r == zero_rank else full for r in range(program.world)))

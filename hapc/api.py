@@ -84,8 +84,14 @@ def synthesize(model: torch.nn.Module | Traced | str | os.PathLike, inputs: Sequ
     graph = autocast_graph(traced.graph, numerics.name)
     if isinstance(traced, CachedTrace):
         traced.install_strategies(graph, numerics.name)    # the search then needs no sharding rules
-    result = synthesize_program(graph, cl, time_budget=time_budget, optimizer=optimizer,
-                                backend=backend, progress=progress)
+    planner = _stage_planner(graph, cl, optimizer, progress) if stages is not None and stages != 1 else None
+    try:
+        result = synthesize_program(graph, cl, time_budget=time_budget, optimizer=optimizer,
+                                    backend=backend, progress=progress)
+    except BaseException:
+        if planner is not None:
+            planner.close()                  # stops the child start_groups began
+        raise
     best = result.best
     search = {}
     if best.search is not None:
@@ -95,8 +101,7 @@ def synthesize(model: torch.nn.Module | Traced | str | os.PathLike, inputs: Sequ
     baselines = {k: c.seconds for k, c in result.baselines.items()}
     pipeline = None
     if stages is not None and stages != 1:
-        pipeline = _pipeline(graph, cl, stages, microbatches, schedule, optimizer, baselines, progress,
-                             best.seconds)
+        pipeline = _pipeline(planner, stages, microbatches, schedule, baselines, best.seconds)
         if pipeline is not None and stages == "auto" and pipeline.iteration_seconds >= best.seconds:
             pipeline = None        # one stage over all devices is still the fastest
     if entry is not None and pipeline is None and not getattr(traced, "strategies_installed", False):
@@ -142,15 +147,23 @@ def _check_stage_options(traced: Traced, stages: int | str, microbatches: int | 
         raise UserError(f"--schedule {schedule}: expected one of {', '.join(SCHEDULES)}")
 
 
-def _pipeline(graph, cluster: Cluster, stages: int | str, microbatches: int | None,
-              schedule: str | None, optimizer: str, baselines: dict[str, float], progress,
-              one_stage_seconds: float) -> Any:
+def _stage_planner(graph, cluster: Cluster, optimizer: str, progress) -> Any:
+    """The stage planner, its device groups already being searched in a child process beside
+    the one-stage search that comes next (:meth:`synth.stages.StagePlanner.start_groups`)."""
+    from synth.stages import StagePlanner
+
+    planner = StagePlanner(graph, cluster, optimizer=optimizer, progress=progress)
+    planner.start_groups()
+    return planner
+
+
+def _pipeline(planner, stages: int | str, microbatches: int | None, schedule: str | None,
+              baselines: dict[str, float], one_stage_seconds: float) -> Any:
     """The best pipeline (None if none fits or, with ``stages="auto"``, none beats the best
     one-stage plan and the pipeline-even baseline) and, as a side effect, that baseline."""
     from hapc.errors import UserError
-    from synth.stages import StagePlanner, pipeline_even
+    from synth.stages import pipeline_even
 
-    planner = StagePlanner(graph, cluster, optimizer=optimizer, progress=progress)
     even = pipeline_even(planner)
     if even is not None:
         baselines["pipeline-even"] = float(even.iteration_seconds)

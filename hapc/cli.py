@@ -141,7 +141,7 @@ def _write_replan_cache(plan, out: Path) -> None:
     path = out / reuse.FILE_NAME
     path.unlink(missing_ok=True)        # never another plan's cache
     if plan.pipeline is None:
-        reuse.write(plan.graph, path)
+        reuse.write(plan.graph, path, plan_file=out / "plan.json")
 
 
 def _stages_arg(value: str | None) -> int | str | None:
@@ -303,8 +303,16 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_replan(args: argparse.Namespace) -> int:
+    from hapc.replan import cyclic_gc_paused
+
+    with cyclic_gc_paused():       # the whole command: see hapc.replan.cyclic_gc_paused
+        return _replan_command(args)
+
+
+def _replan_command(args: argparse.Namespace) -> int:
     from costmodel.cluster import load_cluster
     from costmodel.cluster_edit import slowed, surviving_ranks, without_devices
+    from hapc import replan_cache
     from hapc.plan import Plan
     from hapc.replan import replan
     from hapc.report import write_report
@@ -313,8 +321,9 @@ def _cmd_replan(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     say = _progress(args)
+    before = replan_cache.file_identity(Path(args.plan))
     old = Plan.load(args.plan)
-    cache = _load_replan_cache(Path(args.plan), old, say)
+    cache = replan_cache.install_old(Path(args.plan), old.graph, say, before)
     survivors = list(range(old.cluster.world))
     if args.cluster:
         cluster = load_cluster(args.cluster)
@@ -332,11 +341,12 @@ def _cmd_replan(args: argparse.Namespace) -> int:
             cluster = without_devices(cluster, dropped)
             survivors = surviving_ranks(old.cluster.world, dropped)
     effort = "quick" if args.quick else "search" if args.search else "full" if args.full else "auto"
-    done = replan(old, cluster, survivors=survivors, effort=effort, progress=_progress(args))
+    done = replan(old, cluster, survivors=survivors, effort=effort, progress=_progress(args),
+                  while_searching=None if args.no_emit else _import_emitter)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     done.plan.save(out / "plan.json")
-    _carry_replan_cache(cache, done, out)
+    replan_cache.carry(cache, done.plan.graph, done.effort != "quick", out)   # quick: derived none
     write_report(done.plan, out)
     wrote = ["plan.json", "report.md"]
     if not args.no_emit:
@@ -355,36 +365,10 @@ def _cmd_replan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_replan_cache(plan_file: Path, old, say) -> Path | None:
-    """Install the strategies cached beside the old plan (see synth.reuse), so the search
-    needs no sharding rules (nor torch); a missing or stale cache is not an error: the rules
-    derive them again, more slowly, and a progress line says why. Returns the cache used."""
-    from synth import reuse
-
-    path = reuse.cache_path(plan_file)
-    try:
-        reuse.load(old.graph, path)
-    except reuse.StaleCache as exc:
-        say(f"{exc}: deriving the strategies from the sharding rules (slower)")
-        return None
-    return path
-
-
-def _carry_replan_cache(cache: Path | None, done, out: Path) -> None:
-    """The new plan's graph is the old one: its cache is the old cache (or, when that was
-    unusable but a search derived the strategies, a new one), so replans can chain."""
-    import shutil
-
-    from synth import reuse
-
-    target = out / reuse.FILE_NAME
-    if cache is not None:
-        if cache.resolve() != target.resolve():
-            shutil.copyfile(cache, target)
-        return
-    target.unlink(missing_ok=True)
-    if done.effort != "quick":          # a quick replan derived no strategies: none to write
-        reuse.write(done.plan.graph, target)
+def _import_emitter() -> None:
+    """What emitting program.py imports first (a tenth of a second), for replan to do while its
+    child searches."""
+    import hapc.codegen  # noqa: F401
 
 
 def _rank(text: str, flag: str) -> int:

@@ -1,12 +1,15 @@
-"""Run a function in a forked child on a spare core while this process does other work.
+"""Run functions in a forked child on a spare core while this process does other work.
 
 ``hapc replan`` searches the new cluster under two overlap assumptions; each search and its
-simulation take about a quarter of the command's second and do not depend on each other, so
-the second one runs in a child. A fork shares the parent's memory (the graph, the cached
-strategies) without copying or pickling it; only the child's result comes back, pickled
-through a pipe. Where there is no spare core, no ``fork`` (Windows), or ``HAPC_SERIAL`` is
-set in the environment, or the child fails in any way, the function simply runs here: the
-result is the same either way, only the wall time differs.
+simulation take about a quarter of the command's second and do not depend on each other, nor
+on the LP machinery (numpy, HiGHS) that re-balances the winner, so both run in one child, one
+after the other, while this process imports that machinery; the first result comes back as
+soon as it is made, and this process re-balances it while the child makes the second. A fork
+shares the parent's memory (the graph, the cached strategies) without copying or pickling it;
+only the child's results come back, pickled through a pipe. Where there is no spare core, no
+``fork`` (Windows), or ``HAPC_SERIAL`` is set in the environment, or the child fails in any
+way, the functions simply run here: the results are the same either way, only the wall time
+differs.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import os
 import pickle
 import select
 import signal
-from collections.abc import Callable
+import struct
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -32,60 +36,142 @@ def spare_core() -> bool:
     return cores >= 2
 
 
-class Beside(Generic[T]):
-    """``job()`` started in a forked child (or deferred, without a spare core); :meth:`result`
-    returns its value, computing it here when the child could not."""
+class BesideEach(Generic[T]):
+    """``jobs`` run one after another in one forked child (or, without a spare core, here when
+    asked), each result sent back as soon as it is made. :meth:`result` of a job the child
+    did not send (it failed, or sent something garbled) computes that job, and the ones
+    after it, here."""
 
-    def __init__(self, job: Callable[[], T]) -> None:
-        self._job = job
+    # A result waits in the pipe until the parent reads it. A pipe holds 64 KiB by default and
+    # a search's program is ~110 KB pickled: the child would stop until the parent reads.
+    PIPE_BYTES = 1 << 20
+
+    def __init__(self, jobs: Sequence[Callable[[], T]]) -> None:
+        self._jobs = list(jobs)
+        self._results: list[T] = []
         self._pid = 0
         self._read = -1
         if not spare_core():
             return
         read, write = os.pipe()
+        _widen(write, self.PIPE_BYTES)
         pid = os.fork()
-        if pid == 0:                                     # the child: run, send, leave at once
+        if pid == 0:                                     # the child: run each, send each, leave
             os.close(read)
             try:
-                payload = pickle.dumps(job(), protocol=pickle.HIGHEST_PROTOCOL)
-            except BaseException:                       # the parent runs it again and sees the error
-                payload = b""
-            with os.fdopen(write, "wb") as pipe:
-                pipe.write(payload)
-            os._exit(0)                                 # no atexit handlers, no flushing the parent's buffers
+                for job in self._jobs:
+                    payload = pickle.dumps(job(), protocol=pickle.HIGHEST_PROTOCOL)
+                    _write_all(write, _FRAME.pack(len(payload)) + payload)
+            finally:                    # also after a failed job: the parent runs it and the rest
+                os._exit(0)             # no atexit handlers, no flushing the parent's buffers
         os.close(write)
         self._pid, self._read = pid, read
 
     @property
     def forked(self) -> bool:
-        """Whether the job runs in a child now (else :meth:`result` will compute it here)."""
+        """Whether a child runs the jobs now (else :meth:`result` computes each here)."""
         return self._pid != 0
+
+    def ready(self, index: int) -> bool:
+        """Whether :meth:`result` of job ``index`` would return without waiting for the child:
+        it was received, it is the next one and its bytes wait in the pipe, or there is no
+        child (the job then runs when asked)."""
+        if not self._pid or index < len(self._results):
+            return True
+        if index > len(self._results):
+            return False
+        readable, _, _ = select.select([self._read], [], [], 0)
+        return bool(readable)             # the child writes a result whole, once it is made
+
+    def result(self, index: int) -> T:
+        """Job ``index``'s value; the ones before it are received (or computed) first. After
+        the last one the child, done, is reaped."""
+        while len(self._results) <= index:
+            self._results.append(self._next())
+        if len(self._results) == len(self._jobs):
+            self._reap()
+        return self._results[index]
+
+    def _next(self) -> T:
+        k = len(self._results)
+        if self._pid:
+            head = _read_exactly(self._read, _FRAME.size)
+            size = _FRAME.unpack(head)[0] if len(head) == _FRAME.size else -1
+            payload = _read_exactly(self._read, size) if size > 0 else b""
+            if size > 0 and len(payload) == size:
+                try:
+                    return pickle.loads(payload)
+                except Exception:       # noqa: BLE001 - garbled: computed here instead
+                    pass
+            self._reap()                # the child stopped early: this job and the rest run here
+        return self._jobs[k]()
+
+    def cancel(self) -> None:
+        """Stop the child (its results are not wanted) and reap it."""
+        if self._pid:
+            os.kill(self._pid, signal.SIGKILL)
+            self._reap()
+
+    def _reap(self) -> None:
+        if self._pid:
+            os.close(self._read)
+            os.waitpid(self._pid, 0)
+            self._pid, self._read = 0, -1
+
+
+class Beside(Generic[T]):
+    """``job()`` started in a forked child (or deferred, without a spare core); :meth:`result`
+    returns its value, computing it here when the child could not (:class:`BesideEach` of
+    one job)."""
+
+    def __init__(self, job: Callable[[], T]) -> None:
+        self._each = BesideEach([job])
+
+    @property
+    def forked(self) -> bool:
+        """Whether the job runs in a child now (else :meth:`result` will compute it here)."""
+        return self._each.forked
 
     def ready(self) -> bool:
         """Whether :meth:`result` would return without waiting for the child (true when there
         is none: the job then runs when asked)."""
-        if not self._pid:
-            return True
-        readable, _, _ = select.select([self._read], [], [], 0)
-        return bool(readable)             # the child writes its whole result once, at its end
+        return self._each.ready(0)
 
     def cancel(self) -> None:
         """Stop the child (its result is not wanted) and reap it."""
-        if self._pid:
-            os.kill(self._pid, signal.SIGKILL)
-            os.close(self._read)
-            os.waitpid(self._pid, 0)
-            self._pid = 0
+        self._each.cancel()
 
     def result(self) -> T:
-        if self._pid:
-            with os.fdopen(self._read, "rb") as pipe:   # read all before waiting: a full pipe blocks the child
-                payload = pipe.read()
-            os.waitpid(self._pid, 0)
-            self._pid = 0
-            if payload:
-                try:
-                    return pickle.loads(payload)
-                except Exception:       # noqa: BLE001 - a garbled result: compute it here instead
-                    pass
-        return self._job()
+        return self._each.result(0)
+
+
+_FRAME = struct.Struct("<Q")        # a result's length in bytes, before its pickle
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    """``size`` bytes from ``fd``, fewer only at its end (a pipe returns what it holds)."""
+    parts, left = [], size
+    while left > 0:
+        part = os.read(fd, min(left, 1 << 20))
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def _widen(fd: int, size: int) -> None:
+    """Make pipe ``fd`` hold ``size`` bytes where the system allows it (Linux); else the
+    writer waits for the reader, which is slower, never wrong."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+    except (ImportError, AttributeError, OSError):
+        pass

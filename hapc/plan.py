@@ -10,21 +10,27 @@ lists (steps, the graph's values and nodes): indenting every number with the pur
 encoder took 0.3 s for a 48-layer GPT. Loading a plan does not simulate it until something
 reads its simulation (:attr:`Plan.sim`); :attr:`Plan.recorded_seconds` is the predicted time
 the file holds, for a caller that needs no more.
+
+A replanned plan keeps the old plan's graph, which is most of the file (480 of 700 kB for a
+48-layer GPT). :meth:`Plan.load` keeps the graph's lines as it read them, and saving a plan of
+that same graph writes them again rather than encoding it anew (see :class:`_GraphSection`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from costmodel.cluster import Cluster, load_cluster
 from costmodel.simulator import SimResult, simulate
+from hapc.collector import without_collection
 from hapc.errors import UserError
 from hapc.ir.graph import Graph, hash_of_json
-from hapc.ir.layout import parse_layout
+from hapc.ir.layout import Layout, parse_layout
 from hapc.ir.precision import Precision
 from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
 
@@ -72,6 +78,11 @@ class Plan:
     # plan.json's ``predicted`` entry when the plan was loaded (what the cost model that wrote it
     # predicted); empty for a plan made in this process.
     recorded: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # A pipelined plan's graph at one micro-batch, as changes to ``graph`` (JSON-ready; see
+    # hapc.codegen.pipeline_emit): recorded by save() or emit(), so that emitting the plan
+    # from plan.json needs no torch. None until then, and for a one-stage plan.
+    microbatch_record: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    _micro: Any = field(default=None, init=False, repr=False, compare=False)   # its MicroTrace, once made
 
     # ---- the contract's properties ---------------------------------------------------------
     @property
@@ -177,8 +188,11 @@ class Plan:
 
     # ---- files -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """plan.json's data (canonical). For a loaded graph the ``graph`` entry is the dict read
+        from the file, shared with the plan's next save: read it, do not change it."""
         steps = _steps_to_dict(self.program)
-        graph = self.graph.to_dict()
+        section = _GraphSection.of(self.graph)
+        graph = section.data if section is not None else self.graph.to_dict()
         sim = self.sim
         cluster = self.cluster.to_dict()
         if self.cluster.op_table is not None:     # the measured times this plan was priced with
@@ -187,11 +201,10 @@ class Plan:
             "format": FORMAT,
             "name": self.name,
             "model": self.model,
-            "graph_hash": hash_of_json(graph),          # Graph.hash, without a second to_json
+            "graph_hash": section.hash if section is not None else hash_of_json(graph),   # Graph.hash
             "cluster": cluster,
             "shares": list(self.program.shares),
             "source_layouts": {k: repr(v) for k, v in sorted(self.program.source_layouts.items())},
-            "steps": steps,
             "predicted": {
                 "iteration_seconds": sim.iteration_seconds,
                 "compute_seconds": sim.compute_seconds, "comm_seconds": sim.comm_seconds,
@@ -201,29 +214,62 @@ class Plan:
             "baselines": self.baselines,
             "search": self.search,
             "precision": self.precision.to_dict(),
-            "graph": graph,
         })
+        out["steps"] = steps        # canonical as made: names, layout texts, ints
+        out["graph"] = graph if section is not None else _canonical_graph(graph)   # a loaded one is canonical
         if self.pipeline is not None:
             out["pipeline"] = _canonical(_pipeline_to_dict(self.pipeline, self.graph))
+            if self.microbatch_record is not None:
+                out["pipeline"]["microbatch_graph"] = _canonical(self.microbatch_record)
             out["predicted"]["one_stage_seconds"] = out["predicted"]["iteration_seconds"]
             out["predicted"]["iteration_seconds"] = _canonical(self.cost)
             out["predicted"]["memory_bytes"] = _canonical(self.memory)
         return out
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(plan_json(self.to_dict()))
+        if self.pipeline is not None and self.model.get("file"):
+            try:
+                self._micro_batch()
+            except UserError:       # no record; emitting the plan says why
+                pass
+        self._write(Path(path))
+
+    @without_collection
+    def _write(self, path: Path) -> None:
+        data = self.to_dict()
+        section = _GraphSection.of(self.graph)
+        verbatim = {"graph": section.text} if section is not None and data["graph"] is section.data else {}
+        path.write_text(plan_json(data, verbatim))
+
+    def _micro_batch(self) -> Any:
+        """A pipelined plan's graph at one micro-batch (a MicroTrace), made once: from the plan's
+        record, else by tracing the model file (torch), which is then recorded. Outside the
+        paused collector: a trace makes cyclic garbage."""
+        from hapc.codegen.pipeline_emit import micro_batch_graph
+
+        if self._micro is None:
+            self._micro = micro_batch_graph(self)
+            self.microbatch_record = self._micro.record
+        return self._micro
 
     @staticmethod
+    @without_collection
     def load(path: str | Path) -> Plan:
         try:
-            data = json.loads(Path(path).read_text())
+            text = Path(path).read_text()
+            data, graph_text = _split_graph(text)
+            if data is None:
+                data = json.loads(text)
         except FileNotFoundError:
             raise UserError("no such plan file", where=str(path)) from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise UserError(f"not a plan file (invalid JSON: {exc})", where=str(path)) from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise UserError(f"not a plan file (format should be {FORMAT!r})", where=str(path))
-        return Plan.from_dict(data)
+        plan = Plan.from_dict(data)
+        if graph_text is not None:
+            _GraphSection.remember(plan.graph, data["graph"], graph_text)
+        return plan
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> Plan:
@@ -236,23 +282,28 @@ class Plan:
             pipeline = _pipeline_from_dict(data["pipeline"], graph, cluster, model.get("optimizer", "adamw"))
         return Plan(program, cluster, None, data.get("name", "hapc"), dict(data.get("baselines", {})),
                     dict(data.get("search", {})), model, Precision.from_dict(data.get("precision")), pipeline,
-                    dict(data.get("predicted", {})))
+                    dict(data.get("predicted", {})), data.get("pipeline", {}).get("microbatch_graph"))
 
     def emit(self, out_dir: str | Path, constants: dict | None = None) -> Path:
         """Write ``out_dir/program.py`` (and the model file beside it); see :mod:`hapc.codegen`.
 
         ``constants`` are tensors ``torch.export`` lifted out of the model (``Traced.constants``);
-        without them the program recovers them from the model at start-up. A pipelined plan traces
-        the model again at one micro-batch (:mod:`hapc.codegen.pipeline_emit`)."""
-        from hapc.codegen import emit
-
+        without them the program recovers them from the model at start-up. A pipelined plan needs
+        its graph at one micro-batch: from its record (plan.json), else traced (torch) and then
+        recorded (:mod:`hapc.codegen.pipeline_emit`)."""
         if not self.model.get("file"):
             raise UserError("this plan has no model file to emit a program for (plan a model file)")
-        if self.pipeline is not None:       # stages: hapc.codegen.pipeline_emit (traces the micro-batch)
+        micro = self._micro_batch() if self.pipeline is not None else None
+        return self._emit(Path(out_dir), constants, micro)
+
+    @without_collection
+    def _emit(self, out: Path, constants: dict | None, micro: Any) -> Path:
+        from hapc.codegen import emit
+
+        if micro is not None:       # stages: hapc.codegen.pipeline_emit
             from hapc.codegen.pipeline_emit import emit_pipeline
 
-            return emit_pipeline(self, out_dir)
-        out = Path(out_dir)
+            return emit_pipeline(self, out, micro)
         out.mkdir(parents=True, exist_ok=True)
         return Path(emit(self.program, self.model["file"], str(out), model_kwargs=self.model.get("kwargs", {}),
                          optimizer=self.model.get("optimizer", "adamw"), plan_summary=self.summary(),
@@ -260,6 +311,7 @@ class Plan:
 
 
 def _steps_to_dict(program: DistProgram) -> list[dict[str, Any]]:
+    """The program's steps, JSON-ready and canonical as they are (strings, ints, lists: no float)."""
     steps: list[dict[str, Any]] = []
     for s in program.steps:
         if isinstance(s, Compute):
@@ -275,18 +327,30 @@ def _steps_to_dict(program: DistProgram) -> list[dict[str, Any]]:
 
 def _program_from_dict(graph: Graph, data: dict[str, Any]) -> DistProgram:
     """A program from its ``shares``, ``source_layouts`` and ``steps`` entries."""
+    layout_of = _LAYOUTS.__getitem__
     program = DistProgram(graph, tuple(data["shares"]),
-                          {k: parse_layout(v) for k, v in data["source_layouts"].items()})
+                          {k: layout_of(v) for k, v in data["source_layouts"].items()})
     for s in data["steps"]:
         if "compute" in s:
-            strat = Strategy(tuple(parse_layout(x) for x in s["inputs"]),
-                             tuple(parse_layout(x) for x in s["outputs"]), s["local"],
+            strat = Strategy(tuple(layout_of(x) for x in s["inputs"]),
+                             tuple(layout_of(x) for x in s["outputs"]), s["local"],
                              tuple(s["rescale"]) if s["rescale"] else None)
             program.steps.append(Compute(s["compute"], strat, tuple(s["reads"])))
         else:
-            program.steps.append(Redistribute(s["redistribute"], s["out"], parse_layout(s["from"]),
-                                              parse_layout(s["to"]), s["method"]))
+            program.steps.append(Redistribute(s["redistribute"], s["out"], layout_of(s["from"]),
+                                              layout_of(s["to"]), s["method"]))
     return program
+
+
+class _LayoutsByText(dict):
+    """Layout text -> the (frozen) layout: a plan names a few layouts thousands of times."""
+
+    def __missing__(self, text: str) -> Layout:
+        layout = self[text] = parse_layout(text)
+        return layout
+
+
+_LAYOUTS = _LayoutsByText()
 
 
 def _pipeline_to_dict(pipeline: Pipeline, graph: Graph) -> dict[str, Any]:
@@ -324,22 +388,132 @@ def _pipeline_from_dict(data: dict[str, Any], graph: Graph, cluster: Cluster, op
 # each record on one line.
 _DICT_LINES_DEPTH = 2
 _ENCODER = json.JSONEncoder(sort_keys=True)
+# The C encoder behind _ENCODER.encode, made once: encode() builds one per call, which was
+# most of the cost of a short record. Same text (separators, key order, float repr).
+_C_ENCODER = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
+    None, _ENCODER.default, json.encoder.encode_basestring_ascii, None, ": ", ", ", True, False, True)
 
 
-def plan_json(data: dict[str, Any]) -> str:
+def _encode(obj: Any) -> str:
+    return "".join(_C_ENCODER(obj, 0)) if _C_ENCODER is not None else _ENCODER.encode(obj)
+
+
+def plan_json(data: dict[str, Any], verbatim: dict[str, str] | None = None) -> str:
     """The text of plan.json for ``data`` (canonical: see the module docstring): keys sorted,
-    one entry per line down to the big lists' records, each line written by the C encoder."""
-    return _json_lines(data, 0) + "\n"
+    one entry per line down to the big lists' records, each line written by the C encoder.
+    ``verbatim``: top-level entries whose text is known already (what this function wrote
+    for them before)."""
+    if not verbatim:
+        return _json_lines(data, 0) + "\n"
+    lines = [f" {_encode(key)}: {verbatim[key] if key in verbatim else _json_lines(data[key], 1)}"
+             for key in sorted(data)]
+    return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
 def _json_lines(obj: Any, depth: int) -> str:
-    pad, encode = " " * (depth + 1), _ENCODER.encode
+    pad, encode = " " * (depth + 1), _encode
     if isinstance(obj, dict) and obj and depth <= _DICT_LINES_DEPTH:
         lines = [f"{pad}{encode(key)}: {_json_lines(obj[key], depth + 1)}" for key in sorted(obj)]
         return "{\n" + ",\n".join(lines) + "\n" + " " * depth + "}"
-    if isinstance(obj, list) and obj and depth <= _DICT_LINES_DEPTH + 1 and isinstance(obj[0], (dict, list)):
+    if _is_records(obj, depth):
         return "[\n" + ",\n".join(pad + encode(x) for x in obj) + "\n" + " " * depth + "]"
     return encode(obj)
+
+
+def _is_records(obj: Any, depth: int) -> bool:
+    return isinstance(obj, list) and bool(obj) and depth <= _DICT_LINES_DEPTH + 1 and isinstance(obj[0], (dict, list))
+
+
+def _line_count(obj: Any, depth: int) -> int:
+    """How many lines :func:`_json_lines` writes for ``obj`` (without encoding it)."""
+    if isinstance(obj, dict) and obj and depth <= _DICT_LINES_DEPTH:
+        return 2 + len(obj) + sum(_line_count(value, depth + 1) - 1 for value in obj.values()
+                                  if isinstance(value, (dict, list)))
+    if _is_records(obj, depth):
+        return 2 + len(obj)
+    return 1
+
+
+# ---- the graph's lines, kept from a loaded plan.json ------------------------------------------
+
+_GRAPH_KEY = '\n "graph": '          # the graph's entry as plan_json writes it (one space deep)
+_TOP_CLOSE = "\n }"                  # a one-space-deep closing brace: only the entry's own
+
+
+@dataclass
+class _GraphSection:
+    """The ``graph`` entry of a loaded plan.json: its data and its lines, for saving a plan of
+    the same :class:`Graph` object again (a replan keeps the old plan's graph).
+
+    Graphs are not changed after tracing (their hash keys the caches); the node and value
+    counts are checked anyway, and an entry goes when its graph does."""
+
+    graph: weakref.ref
+    data: dict[str, Any]
+    text: str
+    sizes: tuple[int, int]
+    _hash: str | None = None
+
+    _by_graph: ClassVar[dict[int, _GraphSection]] = {}
+
+    @staticmethod
+    def remember(graph: Graph, data: dict[str, Any], text: str) -> None:
+        key = id(graph)
+        _GraphSection._by_graph[key] = _GraphSection(weakref.ref(graph), data, text,
+                                                     (len(graph.nodes), len(graph.values)))
+        weakref.finalize(graph, _GraphSection._by_graph.pop, key, None)
+
+    @staticmethod
+    def of(graph: Graph) -> _GraphSection | None:
+        found = _GraphSection._by_graph.get(id(graph))
+        if found is None or found.graph() is not graph or found.sizes != (len(graph.nodes), len(graph.values)):
+            return None
+        return found
+
+    @property
+    def hash(self) -> str:
+        if self._hash is None:
+            self._hash = hash_of_json(self.data)
+        return self._hash
+
+
+def _split_graph(text: str) -> tuple[dict[str, Any] | None, str | None]:
+    """plan.json's data, read with its graph entry's text cut out and parsed on its own, and
+    that text; (None, None) when the file is not laid out as :func:`plan_json` writes it (the
+    caller then parses it whole). The entry is kept only if it has exactly the lines
+    plan_json writes for its data, so writing it again is what encoding it would give."""
+    start = text.find(_GRAPH_KEY)
+    if start < 0:
+        return None, None
+    begin = start + len(_GRAPH_KEY)
+    end = text.find(_TOP_CLOSE, begin)
+    if end < 0:
+        return None, None
+    end += len(_TOP_CLOSE)
+    try:
+        rest = json.loads(text[:begin] + "null" + text[end:])
+        graph = json.loads(text[begin:end])
+    except json.JSONDecodeError:
+        return None, None
+    entry = text[begin:end]
+    if not (isinstance(rest, dict) and "graph" in rest and rest["graph"] is None and isinstance(graph, dict)
+            and _line_count(graph, 1) == entry.count("\n") + 1):
+        return None, None
+    rest["graph"] = graph
+    return rest, entry
+
+
+# Graph.to_dict entries that hold no float and no tuple (names, shapes, source lines): already
+# canonical. The name lists are the graph's own and get copied; the others are made by to_dict.
+_GRAPH_NAME_LISTS = frozenset({"inputs", "params", "buffers"})
+_GRAPH_PLAIN = frozenset({"values", "output", "sources", "mutates"}) | _GRAPH_NAME_LISTS
+
+
+def _canonical_graph(graph: dict[str, Any]) -> dict[str, Any]:
+    """:func:`_canonical` of a ``Graph.to_dict()``, walking only the entries that can hold floats
+    (node arguments, costs, torch's facts)."""
+    return {key: _canonical(value) if key not in _GRAPH_PLAIN else list(value) if key in _GRAPH_NAME_LISTS
+            else value for key, value in graph.items()}
 
 
 # Values _canonical returns as they are (by exact type: a subclass takes the general path).

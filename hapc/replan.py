@@ -28,13 +28,21 @@ are most of what is left, so a replan avoids them where a cheaper fact decides:
   settle both ``auto``'s question and whether it could beat a searched program; it is then
   never simulated (dropping one of HAP's 8 devices: a floor of 1123 ms against 745 expected
   and 681 searched);
-* the second overlap's search runs in a forked child when a core is spare
-  (:mod:`hapc.forked`), and meanwhile this process re-balances the first search's program,
-  which usually leads; the child sends back its program and its time, not its simulation;
-* whether a program fits is asked only of one that could win on time.
+* both overlaps' searches run one after the other in a forked child when a core is spare
+  (:mod:`hapc.forked`), each program sent back as soon as it is simulated, with the
+  figures ranking and the LP read (:class:`Figures`: not the timeline). Meanwhile this
+  process imports the LP machinery (numpy and HiGHS: a fifth of a second, so nothing on the
+  way to the fork imports numpy) and then re-balances the first search's program, which
+  usually leads, while the child makes the second;
+* whether a program fits is asked only of one that could win on time, and a searched
+  program that cannot lead comes back from the child as its time only;
+* the cyclic garbage collector is paused (:func:`cyclic_gc_paused`);
+* the CLI checks the strategy cache against plan.json's SHA-256 rather than by hashing the
+  graph again (:mod:`synth.reuse`), and imports the program emitter while it would
+  otherwise wait for the child (``while_searching``).
 
-That search replan runs two searches and three simulations (the first search's program, the
-child's, the re-balanced winner), against four before the floor; plan.json is the same
+That search replan runs two searches and three simulations (both searches' programs in the
+child, the re-balanced winner here), against four before the floor; plan.json is the same
 either way, and the same with ``HAPC_SERIAL=1`` (no child).
 
 Whichever simulates fastest and fits wins; a tie keeps the old program.
@@ -42,28 +50,29 @@ Whichever simulates fastest and fits wins; a tie keeps the old program.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from costmodel.cluster import Cluster
 from costmodel.comm_floor import blocking_comm_floor_seconds
 from costmodel.simcache import SimulationCache
 from costmodel.simulator import SimResult, ahead, simulate
 from hapc.errors import UserError
-from hapc.forked import Beside
+from hapc.forked import BesideEach
 from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
 from hapc.plan import Plan
-from synth import lp_highspy
 from synth.costs import Prices
-from synth.loads import share_problem, with_shares
-from synth.ratios import MemoryInfeasible, solve_shares
 from synth.search import SearchResult, search, to_program
 from synth.space import SearchSpace
+
+if TYPE_CHECKING:
+    from costmodel.memory import MemoryReport
 
 Progress = Callable[[str], None]
 EFFORTS = ("auto", "quick", "search", "full")
@@ -96,31 +105,54 @@ def carry_shares(old: Sequence[float], survivors: Sequence[int] | None, cluster:
     """Starting shares on the new cluster: the survivors' old shares (``survivors`` gives each
     new rank's old rank), each scaled by how much its device's FLOPS changed (a slowed device
     starts with less) when ``old_cluster`` is given, renormalised; or the new devices' FLOPS
-    shares when the devices are new."""
+    shares when the devices are new. Plain floats: numpy waits for the LP (:func:`_lp_tools`)."""
     if survivors is None or len(survivors) != cluster.world:
         return tuple(cluster.flops_shares())
-    kept = np.asarray([old[r] for r in survivors], dtype=float)
+    kept = [float(old[r]) for r in survivors]
     if old_cluster is not None:
-        kept *= [_flops(cluster.devices[i]) / max(_flops(old_cluster.devices[r]), 1e-30)
-                 for i, r in enumerate(survivors)]
-    if kept.sum() <= 0:
+        kept = [x * (_flops(cluster.devices[i]) / max(_flops(old_cluster.devices[r]), 1e-30))
+                for i, (x, r) in enumerate(zip(kept, survivors))]
+    total = 0.0
+    for x in kept:          # left to right (sum() compensates from Python 3.12 on)
+        total += x
+    if total <= 0:
         return tuple(cluster.flops_shares())
-    return tuple(float(x) for x in kept / kept.sum())
+    return tuple(x / total for x in kept)
+
+
+@functools.cache
+def _lp_tools():
+    """The LP machinery a re-balance needs, imported on first use: ``synth.loads``,
+    ``synth.ratios`` and HiGHS bring numpy, a fifth of a second of imports, which a replan
+    makes while its child searches (see :class:`_SearchRound`) rather than before. Returns
+    ``(share_problem, with_shares, solve_shares, LP backend)``; the backend is HiGHS through
+    ``highspy`` when it is there, not through scipy.optimize, whose import alone is a third
+    of replan's second (the shares are the same; see synth.lp_highspy)."""
+    from synth import lp_highspy
+    from synth.loads import share_problem, with_shares
+    from synth.ratios import solve_shares
+
+    return share_problem, with_shares, solve_shares, "highspy" if lp_highspy.available() else "highs"
 
 
 def rebalance(program: DistProgram, shares: Sequence[float], cluster: Cluster,
-              optimizer: str, start_sim: SimResult | None = None) -> tuple[DistProgram, SimResult]:
+              optimizer: str, start_sim: SimResult | Figures | None = None
+              ) -> tuple[DistProgram, SimResult | Figures]:
     """``program`` at the shares the LP finds best for it on ``cluster`` (or at ``shares``
-    when those simulate faster), and its simulation. ``start_sim`` is ``program``'s
-    simulation at ``shares`` when the caller has it. Raises MemoryInfeasible when it cannot
-    fit at any shares."""
+    when those simulate faster), and its simulation (``start_sim`` when ``shares`` won).
+    ``start_sim`` is ``program``'s simulation at ``shares``, or its :class:`Figures`, when
+    the caller has it. Raises MemoryInfeasible when it cannot fit at any shares."""
+    from synth.ratios import MemoryInfeasible
+
+    share_problem, with_shares, solve_shares, backend = _lp_tools()
     start = with_shares(program, shares)
     if start_sim is None:
         start_sim = _simulate(start, cluster, optimizer)
-    solution = solve_shares(share_problem(start, start_sim, cluster, optimizer), _lp_backend())
-    solved = tuple(float(x) for x in np.asarray(solution.shares).reshape(-1)[:cluster.world])
+    problem = share_problem(start, start_sim, cluster, optimizer, cache=_prices(program.graph, cluster))
+    solution = solve_shares(problem, backend)
+    solved = tuple(float(x) for x in solution.shares.reshape(-1)[:cluster.world])
     moved = with_shares(program, solved)
-    sim = _simulate(moved, cluster, optimizer)
+    sim: SimResult | Figures = _simulate(moved, cluster, optimizer)
     if _faster(start_sim, sim):
         moved, sim = start, start_sim
     if not sim.memory.all_fit:
@@ -128,23 +160,35 @@ def rebalance(program: DistProgram, shares: Sequence[float], cluster: Cluster,
     return moved, sim
 
 
-# The prices of the last (graph, cluster) simulated: a replan's simulations (and its child's,
-# which inherits them) share one graph and one cluster, so they share node times and
-# collective prices (costmodel.simcache: the same floats, bit for bit).
+@dataclass(frozen=True)
+class Figures:
+    """What ranking and re-balancing a program read of its simulation: the time, each device's
+    communication and the memory report, without the timeline. A search child sends these
+    back (a whole ``SimResult`` pickles to twice the program's size and is slow to read)."""
+
+    iteration_seconds: float
+    comm_seconds: list[float]
+    memory: MemoryReport
+
+    @staticmethod
+    def of(sim: SimResult) -> Figures:
+        return Figures(sim.iteration_seconds, list(sim.comm_seconds), sim.memory)
+
+
+# The prices of the last (graph, cluster) simulated: a replan's simulations and re-balances
+# share one graph and one cluster, so they share node times and collective prices
+# (costmodel.simcache: the same floats, bit for bit).
 _PRICES: list[SimulationCache] = []
 
 
+def _prices(graph: Graph, cluster: Cluster) -> SimulationCache:
+    if not (_PRICES and _PRICES[0].serves(graph, cluster)):
+        _PRICES[:] = [SimulationCache(graph, cluster)]
+    return _PRICES[0]
+
+
 def _simulate(program: DistProgram, cluster: Cluster, optimizer: str) -> SimResult:
-    if not (_PRICES and _PRICES[0].serves(program.graph, cluster)):
-        _PRICES[:] = [SimulationCache(program.graph, cluster)]
-    return simulate(program, cluster, optimizer=optimizer, cache=_PRICES[0])
-
-
-@functools.cache
-def _lp_backend() -> str:
-    """HiGHS without importing scipy.optimize when highspy is there: that import alone is a
-    third of replan's second (the shares are the same; see synth.lp_highspy)."""
-    return "highspy" if lp_highspy.available() else "highs"
+    return simulate(program, cluster, optimizer=optimizer, cache=_prices(program.graph, cluster))
 
 
 def _flops(device) -> float:
@@ -155,7 +199,7 @@ def _total_flops(cluster: Cluster) -> float:
     return sum(_flops(d) for d in cluster.devices)
 
 
-def _faster(a: SimResult, b: SimResult) -> bool:
+def _faster(a: SimResult | Figures, b: SimResult | Figures) -> bool:
     """Fitting beats not fitting; then the shorter iteration."""
     if a.memory.all_fit != b.memory.all_fit:
         return a.memory.all_fit
@@ -174,36 +218,31 @@ def searched(graph: Graph, shares: Sequence[float], cluster: Cluster, optimizer:
 
 @dataclass
 class _Candidate:
-    """A program competing to be the new plan, with its simulation at the carried shares
-    (``sim`` is None for one searched in a child, which sends back only its time).
-
-    Whether it fits is asked only when it matters: a program no faster than one that fits
-    loses either way, and the memory model is a good part of a simulation."""
+    """A program competing to be the new plan, with its simulation at the carried shares: in
+    full, or its :class:`Figures` (from a search child, or a re-balance that kept the carried
+    shares), which are all that ranking and re-balancing read. ``simulate_here`` makes the
+    full simulation (the timeline) for the one that becomes the plan, if it has only figures."""
 
     name: str                       # "kept" (the old program) or "searched"
     program: DistProgram
-    seconds: float
-    sim: SimResult | None = None
+    sim: SimResult | Figures
     info: dict[str, object] | None = None
-    known_fit: bool | None = None   # None: not asked yet (``fits`` asks the simulation)
-    # Where ``sim`` is None: makes the simulation here, when it is asked for (see :meth:`simulation`).
     simulate_here: Callable[[DistProgram], SimResult] | None = field(default=None, repr=False)
 
-    @staticmethod
-    def simulated(name: str, program: DistProgram, sim: SimResult,
-                  info: dict[str, object] | None = None) -> _Candidate:
-        return _Candidate(name, program, sim.iteration_seconds, sim, info)
+    @property
+    def seconds(self) -> float:
+        return self.sim.iteration_seconds
 
     @property
     def fits(self) -> bool:
-        if self.known_fit is None:
-            self.known_fit = self.simulation().memory.all_fit
-        return self.known_fit
+        """Whether it fits (the memory model: made on first use for a full simulation, so a
+        program that loses on time alone never pays for it; see costmodel.simulator.ahead)."""
+        return self.sim.memory.all_fit
 
     def simulation(self) -> SimResult:
         """The full simulation (timeline, memory), made here the first time for a program
-        searched in a child."""
-        if self.sim is None:
+        known by its figures only."""
+        if not isinstance(self.sim, SimResult):
             assert self.simulate_here is not None
             self.sim = self.simulate_here(self.program)
         return self.sim
@@ -222,48 +261,66 @@ def _search_info(result: SearchResult) -> dict[str, object]:
 
 
 class _SearchRound:
-    """:func:`searched` under each of ``SEARCH_OVERLAPS`` at the same shares. The overlaps after
-    the first start at once in forked children when there is a spare core (see hapc.forked),
+    """:func:`searched` under each of ``SEARCH_OVERLAPS`` at the same shares. When there is a
+    spare core they start at once, one after the other in a forked child (see hapc.forked),
     before the caller knows whether it will want them: ``auto`` may decide from a simulation
     of the old program, which then runs beside them instead of before; :meth:`cancel` stops
-    them when the answer is no. What crosses the pipe is a program's steps, its time
-    and the search's figures: not the graph, and not the simulation (its timeline and memory
-    report are only needed for the candidate that leads, which is simulated again here)."""
+    them when the answer is no. Meanwhile this process imports the LP machinery (numpy: see
+    :func:`_lp_tools`) and then re-balances the first search's program while the child makes
+    the second. What crosses the pipe is a program's steps, its :class:`Figures` and the
+    search's figures: not the graph, and not the simulation's timeline (only the plan's own
+    program needs one, and that is re-balanced, hence simulated again, here). A program
+    that cannot lead the searched ones (:func:`costmodel.simulator.ahead` of the leader so
+    far says no, as the caller's would) comes back as its time only (:class:`_Behind`): its
+    memory is never worked out, nor its steps sent, and the last search ends sooner."""
 
-    def __init__(self, graph: Graph, shares: Sequence[float], cluster: Cluster, optimizer: str) -> None:
+    def __init__(self, graph: Graph, shares: Sequence[float], cluster: Cluster, optimizer: str,
+                 simulate_here: Callable[[DistProgram], SimResult]) -> None:
         self._args = (graph, tuple(shares), cluster, optimizer)
-        self._beside = [Beside(functools.partial(self._job, overlap)) for overlap in SEARCH_OVERLAPS[1:]]
+        self._simulate_here = simulate_here
+        self._leader: _Candidate | None = None        # of the searches run in this process so far
+        self._searches = BesideEach([functools.partial(self._job, overlap) for overlap in SEARCH_OVERLAPS])
 
     @property
     def forked(self) -> bool:
-        """Whether the other overlaps are being searched in children, beside this process."""
-        return any(b.forked for b in self._beside)
+        """Whether the searches run in a child, beside this process."""
+        return self._searches.forked
 
-    def _job(self, overlap: float) -> tuple[list, dict, float, dict[str, object]]:
+    def _job(self, overlap: float) -> tuple[list, dict, Figures, dict[str, object]] | _Behind:
         program, sim, result = searched(*self._args, overlap)
-        return program.steps, program.source_layouts, sim.iteration_seconds, _search_info(result)
+        here = _Candidate("searched", program, sim)
+        if self._leader is not None and not ahead(here, self._leader):
+            return _Behind(sim.iteration_seconds, _search_info(result))
+        self._leader = here
+        return program.steps, program.source_layouts, Figures.of(sim), _search_info(result)
 
-    def ready(self) -> bool:
-        """Whether every child has finished (its result waits in the pipe)."""
-        return all(b.ready() for b in self._beside)
+    def ready(self, index: int = len(SEARCH_OVERLAPS) - 1) -> bool:
+        """Whether the search of ``SEARCH_OVERLAPS[index]`` (by default the last, hence every
+        one) has finished: its result waits in the pipe."""
+        return self._searches.ready(index)
 
-    def first(self) -> _Candidate:
-        """The first overlap's search, here, with its full simulation."""
-        program, sim, result = searched(*self._args, SEARCH_OVERLAPS[0])
-        return _Candidate.simulated("searched", program, sim, _search_info(result))
-
-    def others(self, simulate_here: Callable[[DistProgram], SimResult]) -> list[_Candidate]:
-        """The other overlaps' programs (collected from their children, or searched here without
-        a spare core), in ``SEARCH_OVERLAPS`` order, with their times; ``simulate_here`` makes
-        one's full simulation if it is asked for (it leads, or whether it fits matters)."""
+    def candidate(self, index: int) -> _Candidate | _Behind:
+        """The program of ``SEARCH_OVERLAPS[index]``'s search (received from the child, or
+        searched here without a spare core), with its figures; or, when it cannot lead the
+        searches before it, its time only."""
+        got = self._searches.result(index)
+        if isinstance(got, _Behind):
+            return got
+        steps, layouts, figures, info = got
         graph, shares = self._args[0], self._args[1]
-        return [_Candidate("searched", DistProgram(graph, shares, dict(layouts), list(steps)), seconds, None, info,
-                           simulate_here=simulate_here)
-                for steps, layouts, seconds, info in (b.result() for b in self._beside)]
+        return _Candidate("searched", DistProgram(graph, shares, dict(layouts), list(steps)), figures, info,
+                          simulate_here=self._simulate_here)
 
     def cancel(self) -> None:
-        for b in self._beside:
-            b.cancel()
+        self._searches.cancel()
+
+
+@dataclass(frozen=True)
+class _Behind:
+    """A searched program that cannot lead: no faster than one searched before it, which fits."""
+
+    seconds: float
+    info: dict[str, object]
 
 
 @dataclass
@@ -276,7 +333,7 @@ class _Counts:
 
 
 def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = None, effort: str = "auto",
-           progress: Progress | None = None) -> Replanned:
+           progress: Progress | None = None, while_searching: Callable[[], object] | None = None) -> Replanned:
     """The best plan for ``cluster`` among the old plan's program and, by ``effort``:
     ``"quick"`` nothing else; ``"search"`` one search round on the new cluster; ``"full"``
     everything ``hapc compile`` tries (every round, the baselines); ``"auto"`` (default)
@@ -285,7 +342,35 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
 
     The old program is simulated only when its collectives alone
     (:func:`costmodel.comm_floor.blocking_comm_floor_seconds`) do not already settle both
-    questions, whether to search and whether it could win; the answer is the same either way."""
+    questions, whether to search and whether it could win; the answer is the same either way.
+
+    ``while_searching``: work the caller will do after planning anyway (the CLI: importing the
+    program emitter), done here if this process would otherwise wait for the child's first
+    search."""
+    with cyclic_gc_paused():      # its child inherits the pause
+        return _replan(old, cluster, survivors, effort, progress, while_searching)
+
+
+@contextlib.contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside (restored after, if it was on). A replan allocates
+    many objects (search states, simulations, the LP's arrays) on top of the plan's graph and
+    keeps most of them to its end: the collector's passes over them are overhead, a seventh
+    of the command's CPU (``hapc replan`` of GPT-48 --drop 7 with the collector off
+    throughout: 2.04 -> 1.76 s CPU, loaded machine, its peak memory the same to 1 MB), and its
+    few cycles are freed once the collector is back on. (synth.search pauses it the same way
+    around one search.)"""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _replan(old: Plan, cluster: Cluster, survivors: Sequence[int] | None, effort: str,
+            progress: Progress | None, while_searching: Callable[[], object] | None) -> Replanned:
     if effort not in EFFORTS:
         raise ValueError(f"unknown effort {effort!r}; expected one of {', '.join(EFFORTS)}")
     say = progress or (lambda msg: None)
@@ -295,9 +380,14 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
     counts = _Counts()
     shares = carry_shares(old.program.shares, survivors, cluster, old.cluster)
     kept_program = DistProgram(graph, shares, dict(old.program.source_layouts), list(old.program.steps))
-    # The searches of the other overlaps start first, in children, so that they run beside
-    # whatever this process does next; "auto" may still cancel them.
-    round_ = _SearchRound(graph, shares, cluster, optimizer) if effort in ("auto", "search") else None
+
+    def simulate_here(program: DistProgram) -> SimResult:
+        counts.simulations += 1
+        return _simulate(program, cluster, optimizer)
+
+    # The searches start first, in a child, so that they run beside whatever this process does
+    # next (importing the LP machinery, at least); "auto" may still cancel them.
+    round_ = _SearchRound(graph, shares, cluster, optimizer, simulate_here) if effort in ("auto", "search") else None
     kept: _Candidate | None = None
     floor = 0.0
     try:
@@ -331,7 +421,15 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
         candidates["kept"] = kept
     if effort == "search":
         assert round_ is not None
-        candidates, info = _search_round(round_, kept, kept_program, floor, cluster, optimizer, shares, counts, say)
+        try:
+            if round_.forked:       # while the child searches (after auto decided: a cancelled child stops sooner)
+                _lp_tools()
+                if while_searching is not None and not round_.ready(0):
+                    while_searching()
+            candidates, info = _search_round(round_, kept, kept_program, floor, cluster, optimizer, shares,
+                                             counts, say)
+        finally:
+            round_.cancel()             # a child still searching (an error here) is not left behind
         kept = candidates.get("kept", kept)
     elif effort == "quick":
         assert kept is not None
@@ -343,7 +441,7 @@ def replan(old: Plan, cluster: Cluster, *, survivors: Sequence[int] | None = Non
         assert kept is not None
         candidates["kept"], _ = _rebalanced(kept, shares, cluster, optimizer, counts)
         result = synthesize_program(graph, cluster, optimizer=optimizer, progress=say)
-        candidates["searched"] = _Candidate.simulated("searched", result.best.program, result.best.sim)
+        candidates["searched"] = _Candidate("searched", result.best.program, result.best.sim)
         baselines = {k: c.seconds for k, c in result.baselines.items()}
         counts.searches += result.searches
         if result.best.search is not None:
@@ -375,14 +473,15 @@ def _simulate_kept(program: DistProgram, cluster: Cluster, optimizer: str, share
     counts.simulations += 1
     say(f"the old program at the carried shares: {sim.iteration_seconds * 1e3:.3f} ms/iter, shares "
         + "/".join(f"{x:.3f}" for x in shares))
-    return _Candidate.simulated("kept", program, sim)
+    return _Candidate("kept", program, sim)
 
 
 def _rebalanced(cand: _Candidate, shares: Sequence[float], cluster: Cluster, optimizer: str,
                 counts: _Counts) -> tuple[_Candidate, str]:
-    """``cand`` re-balanced by the LP (:func:`rebalance`), or as it was when it fits at no
-    shares; and a progress line saying which."""
-    assert cand.sim is not None
+    """``cand`` re-balanced by the LP (:func:`rebalance`, from its figures), or as it was when
+    it fits at no shares; and a progress line saying which."""
+    from synth.ratios import MemoryInfeasible
+
     who = "old" if cand.name == "kept" else "new"
     counts.share_lps += 1
     try:
@@ -390,7 +489,7 @@ def _rebalanced(cand: _Candidate, shares: Sequence[float], cluster: Cluster, opt
     except MemoryInfeasible:
         return cand, f"the {who} program does not fit on the new cluster at any shares"
     counts.simulations += 1
-    return (_Candidate.simulated(cand.name, program, sim, cand.info),
+    return (_Candidate(cand.name, program, sim, cand.info, cand.simulate_here),
             f"the {who} program re-balanced: {sim.iteration_seconds * 1e3:.3f} ms/iter, shares "
             + "/".join(f"{x:.3f}" for x in program.shares))
 
@@ -405,11 +504,12 @@ def _search_round(round_: _SearchRound, kept: _Candidate | None, kept_program: D
 
     The old program (``kept``, None when not simulated yet) is simulated only if its
     collectives alone (``floor``) are not slower than a searched program that fits: else it
-    can neither lead nor win. While the other overlaps are still being searched in children,
-    this process does what will most likely be wanted next: it simulates the old program
-    when the first search has not ruled it out, else re-balances the first search's program
-    when that leads so far (usually the winner; wasted only when a child's program beats it)."""
-    first = round_.first()
+    can neither lead nor win. While the child still searches the other overlaps, this process
+    does what will most likely be wanted next: it simulates the old program when the first
+    search has not ruled it out, else re-balances the first search's program when that
+    leads so far (usually the winner; wasted only when a later search's program beats it)."""
+    first = round_.candidate(0)
+    assert isinstance(first, _Candidate)        # nothing searched before it to be behind
     counts.searches += 1
     counts.simulations += 1
     say(f"search on the new cluster (overlap {SEARCH_OVERLAPS[0]:g}): {first.seconds * 1e3:.3f} ms/iter")
@@ -419,15 +519,12 @@ def _search_round(round_: _SearchRound, kept: _Candidate | None, kept_program: D
     if round_.forked and not round_.ready() and (kept is None or _first([first, kept]) is first):
         early = _rebalanced(first, shares, cluster, optimizer, counts)
     best = first
-    def simulate_here(program: DistProgram) -> SimResult:
-        counts.simulations += 1
-        return _simulate(program, cluster, optimizer)
-
-    for overlap, cand in zip(SEARCH_OVERLAPS[1:], round_.others(simulate_here)):
+    for index, overlap in enumerate(SEARCH_OVERLAPS[1:], 1):
+        cand = round_.candidate(index)
         counts.searches += 1
         counts.simulations += 1
         say(f"search on the new cluster (overlap {overlap:g}): {cand.seconds * 1e3:.3f} ms/iter")
-        if ahead(cand, best):
+        if isinstance(cand, _Candidate) and ahead(cand, best):
             best = cand
     if kept is None:
         if best.fits and floor > best.seconds * (1 + 1e-9):
@@ -439,7 +536,6 @@ def _search_round(round_: _SearchRound, kept: _Candidate | None, kept_program: D
     if lead is first and early is not None:
         rebalanced, note = early
     else:
-        lead.simulation()                # searched in a child: simulated again here, in full
         rebalanced, note = _rebalanced(lead, shares, cluster, optimizer, counts)
     say(note)
     candidates = {"searched": best} | ({"kept": kept} if kept is not None else {})

@@ -6,6 +6,8 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from hapc.collector import without_collection
+
 if TYPE_CHECKING:
     from hapc.plan import Plan
 
@@ -52,6 +54,7 @@ def _measured_line(plan: Plan) -> str:
             f"({table.device_name}, torch {table.torch_version}), the rest by the roofline")
 
 
+@without_collection
 def write_report(plan: Plan, out_dir: str | Path) -> Path:
     """``report.md`` with the summary, the layout of every collective, and ``report.svg``
     (written as text by :mod:`hapc.chart_svg`: no matplotlib in ``hapc compile``)."""
@@ -68,10 +71,13 @@ def write_report(plan: Plan, out_dir: str | Path) -> Path:
     nodes = {n.name: n for n in plan.graph.nodes}
     from hapc.ir.program import Compute
 
+    file_names: dict[str, str] = {}         # a few source files, a Path each (not one per step)
     for step in plan.program.steps:
         if isinstance(step, Compute):
             n = nodes[step.node]
-            src = f"{Path(n.source.file).name}:{n.source.line}" if n.source else ""
+            if n.source and n.source.file not in file_names:
+                file_names[n.source.file] = Path(n.source.file).name
+            src = f"{file_names[n.source.file]}:{n.source.line}" if n.source else ""
             ins = ", ".join(map(repr, step.strategy.inputs))
             outs = ", ".join(map(repr, step.strategy.outputs))
             lines.append(f"| `{n.name}` | `{n.op}` | {ins} | {outs} | {src} |")

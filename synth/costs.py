@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from costmodel.cluster import Cluster
 from costmodel.collectives import best_variant, collective_seconds, dual_variant
@@ -48,7 +47,8 @@ class Prices:
         self.overlap = grad_sync_overlap
         self._compute: dict[tuple, float] = {}
         self._moves: dict[tuple, MovePrice] = {}
-        self._lengths = lru_cache(maxsize=None)(self._lengths_uncached)
+        self._grad_sync: dict[TensorMeta, float] = {}     # the one price that depends on the overlap
+        self._lengths_known: dict[int, tuple[int, ...]] = {}   # a dict, not a cycle through lru_cache
         # Devices with the same capabilities compute alike: price each kind once, not each of
         # hundreds of ranks (a 256-GPU cluster has two kinds).
         kinds = [(d.type, tuple(sorted(d.peak_flops.items())), d.hbm_bandwidth_Bps) for d in cluster.devices]
@@ -57,6 +57,16 @@ class Prices:
         for kind, device in zip(kinds, cluster.devices):
             self._kind_device.setdefault(kind, device)
 
+    def with_overlap(self, grad_sync_overlap: float) -> Prices:
+        """These prices under another overlap assumption. Only gradient synchronisation depends
+        on it, so compute and layout-change prices are shared (the outer loop searches each
+        share vector under several overlaps: the second search prices nothing again)."""
+        twin = object.__new__(Prices)
+        twin.__dict__.update(self.__dict__)
+        twin.overlap = grad_sync_overlap
+        twin._grad_sync = {}
+        return twin
+
     # ---- compute -------------------------------------------------------------------------
     def fractions(self, length: int | None) -> tuple[float, ...]:
         """Share of the work per rank when a dimension of ``length`` is split (None: whole)."""
@@ -64,8 +74,11 @@ class Prices:
             return (1.0,) * self.world
         return tuple(n / length for n in self._lengths(length))
 
-    def _lengths_uncached(self, length: int) -> tuple[int, ...]:
-        return tuple(shard_lengths(length, self.shares))
+    def _lengths(self, length: int) -> tuple[int, ...]:
+        hit = self._lengths_known.get(length)
+        if hit is None:
+            hit = self._lengths_known[length] = tuple(shard_lengths(length, self.shares))
+        return hit
 
     def compute_seconds(self, node: Node, strategy: Strategy, key: tuple) -> float:
         """Slowest rank's forward + backward seconds for ``node`` under ``strategy``.
@@ -164,13 +177,11 @@ class Prices:
 
     def grad_sync_seconds(self, meta: TensorMeta) -> float:
         """Exposed part of the all-reduce that keeps a replicated parameter's gradient whole."""
-        key = (meta, "grad_sync")
-        hit = self._moves.get(key)
+        hit = self._grad_sync.get(meta)
         if hit is None:
             _, t = self._collective("all_reduce", self._pieces(meta, Replicate()))
-            hit = MovePrice(t * (1.0 - self.overlap), "all_reduce", "")
-            self._moves[key] = hit
-        return hit.seconds
+            hit = self._grad_sync[meta] = t * (1.0 - self.overlap)
+        return hit
 
 
 def transfer_kinds(src: Layout, dst: Layout) -> tuple[str, str]:

@@ -3,7 +3,7 @@
 A mixture-of-experts layer keeps up to eleven activations live at once (gate probabilities,
 two routing masks, their cumulative sums, capacity masks, gate weights...). The A* state is
 the tuple of their layout sets, and its heuristic (the dearest single value's relaxation, see
-:class:`synth.search._ValueBound`) cannot see that several of them must each be moved: the
+:class:`synth.bounds.ValueBound`) cannot see that several of them must each be moved: the
 frontier fills with equal-cost mixtures and the search exhausts any budget (300,000
 expansions prove a 2-layer MoE). The beam that then finishes the segment is fast but far from
 optimal (MoE-12 on the HAP-8 cluster: 48% dearer per layer than the optimum).
@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 if TYPE_CHECKING:
+    # numpy is imported by the functions that use it: a transformer's search never eliminates,
+    # and numpy is a fifth of hapc replan's imports (see hapc.replan._lp_tools).
+    import numpy as np
     from synth.search import Searcher, State
     from synth.space import Segment
 
@@ -53,6 +55,13 @@ WIDE_LIVE = 6
 # MoE layer, the next attention block starts from 8: 2,000-3,000 expansions, 20x the time of
 # its elimination), the elimination only keeps one more small variable to the end.
 WIDE_ENTRY = 6
+# And so is a segment whose entry states the A* has already solved this many times, each with
+# other relative costs: the memo keeps missing it. Where that goes on forever (a running
+# auxiliary loss held both replicated and partial drifts by a fraction of a microsecond per
+# layer), elimination then serves every later layer. A transformer block's entry costs settle
+# within three layers (ViT, BERT and GPT on HAP-8: at most 3 requests per entry set), and there
+# eliminating on the second request made the searches 8-14% slower than the A* alone.
+REPEATED_MISSES = 3
 
 # Elimination orders by (segment structure, variable sizes); a few hundred at most are kept.
 _ORDERS: dict[tuple, list[int]] = {}
@@ -88,14 +97,20 @@ class SegmentEliminator:
     It takes a segment that keeps :data:`WIDE_LIVE` activations live or is entered in
     :data:`WIDE_ENTRY` states, one that the A* cannot finish (in the searcher's hard set, or
     reaching the beam), and one whose entry states repeat with other relative costs (the memo
-    missed it before), unless its elimination is too wide.
+    missed it :data:`REPEATED_MISSES` times before), unless its elimination is too wide.
     """
 
     def __init__(self, searcher: Searcher) -> None:
-        self.searcher = searcher
+        # Weak: the searcher holds this solver, and a cycle would keep a finished search's
+        # memos alive until the cyclic collector runs (synthesize() pauses it).
+        self._searcher = weakref.ref(searcher)
         self.transfers: dict[tuple, _Transfer | None] = {}
-        self.misses: set[tuple] = set()
+        self.misses: dict[tuple, int] = {}     # (segment, entry states) -> A* runs so far
         self.eliminations = 0       # transfers built (each one elimination)
+
+    @property
+    def searcher(self) -> Searcher:
+        return self._searcher()
 
     def solve(self, seg: Segment, frontier: dict, base: float, *, hard: bool = False) -> dict | None:
         """The useful exits of ``seg`` from ``frontier`` as ``{exit state: (seconds past base,
@@ -105,9 +120,10 @@ class SegmentEliminator:
             deadline = self.searcher.deadline
             if deadline is not None and time.perf_counter() > deadline:
                 return None
-            if not (hard or seg.signature in self.searcher._hard or key in self.misses
+            missed = self.misses.get(key, 0)
+            if not (hard or seg.signature in self.searcher._hard or missed >= REPEATED_MISSES
                     or self._wide(seg, len(frontier))):
-                self.misses.add(key)
+                self.misses[key] = missed + 1
                 return None
             try:
                 self.transfers[key] = _SegmentProblem(self.searcher, seg, key[1]).transfer()
@@ -138,6 +154,8 @@ class _Transfer:
     tables read the choices of any pair back."""
 
     def __init__(self, problem: _SegmentProblem, seconds: np.ndarray, steps: list) -> None:
+        import numpy as np
+
         self.problem = problem
         self.seconds = seconds
         self.steps = steps
@@ -145,6 +163,8 @@ class _Transfer:
         self.paths: dict[tuple[int, tuple[int, ...]], tuple[State, float, list]] = {}
 
     def apply(self, frontier: dict, base: float) -> dict:
+        import numpy as np
+
         entry_seconds = np.array([frontier[e][0] - base for e in self.problem.entries])
         total = self.seconds + entry_seconds.reshape((-1,) + (1,) * (self.seconds.ndim - 1))
         best_entry = np.argmin(total, axis=0)
@@ -176,7 +196,8 @@ class _Transfer:
 
 class _SegmentProblem:
     def __init__(self, searcher: Searcher, seg: Segment, entries: tuple[State, ...]) -> None:
-        self.searcher = searcher
+        # Weak, as SegmentEliminator's: the searcher's transfers keep their problems.
+        self._searcher = weakref.ref(searcher)
         self.seg = seg
         self.entries = entries
         self.n = seg.stop - seg.start
@@ -186,6 +207,10 @@ class _SegmentProblem:
         self.exit_live = searcher._live[seg.stop]
         self.exit_masks: dict[int, list[int]] = {}      # exit variable -> its masks, by index
 
+    @property
+    def searcher(self) -> Searcher:
+        return self._searcher()
+
     def exit_var(self, slot: int) -> int:
         return self.n + slot
 
@@ -194,6 +219,8 @@ class _SegmentProblem:
 
     # ---- the terms -----------------------------------------------------------------------
     def factors(self) -> list[_Factor]:
+        import numpy as np
+
         out = []
         for j, table in enumerate(self.tables):
             out.append(_Factor((j,), np.array([row[0] for row in table])))
@@ -204,6 +231,8 @@ class _SegmentProblem:
     def _values(self):
         """Per tracked activation: (vid, (variable its first copy depends on, mask per value
         of it), [(node offset, wanted code per strategy), ...] in the order the search pays)."""
+        import numpy as np
+
         searcher, seg = self.searcher, self.seg
         starts: dict[int, tuple[int, np.ndarray]] = {}
         uses: dict[int, list[tuple[int, np.ndarray]]] = {}
@@ -229,6 +258,8 @@ class _SegmentProblem:
         its readers, replaying the search's rule: a wanted layout not held is converted from
         the cheapest copy held, and then held too. At the exit, its final layout set becomes
         a variable of its own."""
+        import numpy as np
+
         scope = [start_var]
         mask = start_masks
         seconds = np.zeros(len(start_masks))
@@ -261,6 +292,8 @@ class _SegmentProblem:
     # ---- elimination ---------------------------------------------------------------------
     def transfer(self) -> _Transfer:
         """Eliminate every node; what is left is the transfer over (entry, exit layouts)."""
+        import numpy as np
+
         factors = self.factors()
         kept = (_ENTRY,) + tuple(self.exit_var(s) for s in range(len(self.exit_live)))
         if any(v not in self.domain for v in kept):
@@ -320,6 +353,8 @@ class _SegmentProblem:
 
     def _join(self, factors: list[_Factor], scope: tuple[int, ...] | None = None) -> _Factor:
         """The sum of ``factors`` as one table over the union of their scopes."""
+        import numpy as np
+
         if scope is None:
             scope = tuple(dict.fromkeys(v for f in factors for v in f.scope))
         shape = [self.domain[v] for v in scope]
@@ -360,6 +395,8 @@ def _conversion_seconds(searcher: Searcher, vid: int, mask: np.ndarray, codes: n
     """Seconds to get layout ``want`` (one of ``codes``) from the copies in ``mask``,
     elementwise (0 where held), by the searcher's own cached conversion rule: priced once per
     distinct (held mask, wanted layout) pair."""
+    import numpy as np
+
     held, inverse = np.unique(mask, return_inverse=True)
     wanted = np.unique(codes).tolist()
     table = np.zeros((len(held), max(wanted) + 1))

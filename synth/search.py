@@ -13,7 +13,7 @@ layout), and, at each node that reads it, the layouts that node's outputs are bo
 own relaxations continue from there. A partial sum that must be reduced before the residual
 add is thus priced while the attention that makes it is still to come. The heuristic is the
 largest of these; each is a lower bound and consistent, so A* stays exact and pops states in
-order of their *excess* over it (see :class:`_ValueBound`). The bounds are cached per segment
+order of their *excess* over it (see :class:`synth.bounds.ValueBound`). The bounds are cached per segment
 structure and state, so every later A* run of a repeated segment looks them up.
 
 **Segments.** The graph is cut where few activations are live (see :mod:`synth.space`).
@@ -36,7 +36,6 @@ is known.
 
 from __future__ import annotations
 
-import gc
 import heapq
 import itertools
 import math
@@ -48,7 +47,9 @@ from dataclasses import dataclass, field
 
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import DistProgram
+from synth.bounds import TargetBound, ValueBound
 from synth.elimination import SegmentEliminator
+from synth.gcpause import gc_paused
 from synth.space import FREE, PARAM, NodeSpace, SearchSpace, Segment, layout_order
 
 State = tuple  # layout bitmasks, one per activation live at that point (see Searcher._live)
@@ -108,13 +109,13 @@ class Searcher:
         # view of _conv_cache, one dict lookup per input instead of a tuple key and a call).
         self._conv_seconds: dict[tuple[int, int], dict[int, float]] = {}
         # Per (node, value, allowed strategies of a segment's last node or None): the relaxation
-        # rows of _ValueBound._solve, see _relaxation_rows.
+        # rows of ValueBound._solve, see _relaxation_rows.
         self._relax_rows: dict[tuple, list[tuple]] = {}
         self._codes_cache: dict[int, list[int]] = {}
         self._alt_cache: dict[tuple[int, int], list[tuple[int, float]]] = {}
         self._templates: dict[tuple, list[tuple]] = {}
         self._targets: dict[tuple, list[tuple[int, ...]] | None] = {}
-        # Per segment structure: the memos of its heuristic's relaxations (see _ValueBound).
+        # Per segment structure: the memos of its heuristic's relaxations (see ValueBound).
         self._relaxations: dict[str, dict] = {}
         # Expansions one segment may use before it is finished by a beam (and marked inexact).
         # The transformer segments of the benchmarks need at most ~100 on HAP-8 (ViT-24 93,
@@ -320,12 +321,12 @@ class Searcher:
         return {st: (base + g_rel, frontier[entry][1] + sub) for st, (g_rel, entry, sub) in hit.items()}
 
     def _astar_segment(self, seg: Segment, frontier: Frontier, base: float) -> dict:
-        value_bound = _ValueBound(self, seg)
+        value_bound = ValueBound(self, seg)
         heuristic = value_bound.of
         # The heuristic depends on the node and state alone, so its values are kept per segment
         # structure: later A* runs of the segment (other frontiers, other layers) look them up.
         h_known = value_bound.known
-        towards = _TargetBound.of_segment(self, seg, value_bound)
+        towards = TargetBound.of_segment(self, seg, value_bound)
         limits: dict[tuple[int, ...], float] | None = None
         start = seg.start
         # Per node of the segment: state -> best cost so far, and state -> (previous state,
@@ -340,6 +341,7 @@ class Searcher:
             heap.append((g - base + h0, next(counter), seg.start, entry, h0))
         heapq.heapify(heap)
         exits: dict[State, float] = {}
+        exit_limits: dict[tuple[int, ...], float] | None = None      # of the exits settled so far
         bound = math.inf
         budget = self.segment_budget
         tables, conversion_miss = self._tables, self._conversion_miss
@@ -356,9 +358,10 @@ class Searcher:
                 if state not in exits:
                     exits[state] = g
                     # Other exits matter only while dearer to convert the settled ones into.
-                    bound = self._exit_bound(seg.stop, exits, bound)
+                    exit_limits = self._exit_limits(seg.stop, {state: g}, exit_limits)
+                    bound = self._exit_bound(seg.stop, exits, bound, exit_limits)
                     if towards is not None:
-                        limits = self._exit_limits(seg.stop, exits)
+                        limits = exit_limits
                 continue
             if limits is not None and towards.useless(i, state, g, limits, h_state):
                 continue                  # reaches no exit that a settled one does not beat
@@ -427,8 +430,25 @@ class Searcher:
         for i in range(seg.stop - 1, seg.start - 1, -1):
             state, k = parent[i + 1 - seg.start][state]
             steps.append((i, state, k))
-        path = [Choice(k, self._expand(self.space.nodes[i], before)[k][3]) for i, before, k in reversed(steps)]
+        path = [Choice(k, self._sources(self.space.nodes[i], before, k)) for i, before, k in reversed(steps)]
         return state, path
+
+    def _sources(self, ns: NodeSpace, state: State, k: int) -> tuple[Layout | None, ...]:
+        """The sources :meth:`_expand` gives strategy ``k`` of node ``ns`` from ``state``,
+        worked out for that strategy alone (a path needs one move per node, not all of them)."""
+        _, acts, fixed, *_ = self._tables[ns.index][k]
+        layouts = self.layouts
+        masks = list(state)
+        sources = list(fixed)
+        for pos, slot, want, vid in acts:
+            mask = masks[slot]
+            bit = 1 << want
+            if mask & bit:
+                sources[pos] = layouts[want]
+                continue
+            sources[pos] = layouts[self._convert(vid, mask, want)[1]]
+            masks[slot] = mask | bit
+        return tuple(sources)
 
     def _dominated(self, i: int, state: State, g: float, layer: dict[State, float]) -> bool:
         """Is there a state at ``i`` that differs in one value's layouts and is cheaper even
@@ -465,7 +485,7 @@ class Searcher:
 
     def _relaxation_rows(self, j: int, vid: int, options: frozenset[int] | None) -> list[tuple]:
         """Node ``j``'s strategies as the relaxation tracking ``vid`` sees them (see
-        :meth:`_ValueBound._solve`): (seconds, the (bit, code, conversion table) of each
+        :meth:`ValueBound._solve`): (seconds, the (bit, code, conversion table) of each
         layout it wants ``vid`` in,
         the (value, mask) of each output born live), the cheapest strategy per distinct wish
         (the others cannot be better there), restricted to ``options`` when given. Outputs
@@ -496,7 +516,8 @@ class Searcher:
             self._codes_cache[vid] = hit
         return hit
 
-    def _exit_bound(self, i: int, exits: dict[State, float], previous: float) -> float:
+    def _exit_bound(self, i: int, exits: dict[State, float], previous: float,
+                    limits: dict[tuple[int, ...], float] | None) -> float:
         """Cost above which no further exit of a segment (values live at node ``i``) matters.
 
         An exit that holds each value in one layout matters only while it is cheaper than
@@ -504,23 +525,26 @@ class Searcher:
         converts into it for less than the search's current cost, the rest is dominated. The
         bound is the dearest target's cheapest conversion, over single-layout targets (as
         :meth:`_conversion_bound` is); with many exit values it is that bound of the best exit.
+        ``limits`` are :meth:`_exit_limits` of ``exits``.
         """
         if len(exits) == 1:
             (state, g), = exits.items()
             return g + self._conversion_bound(i, state)
-        limits = self._exit_limits(i, exits)
         return previous if limits is None else min(max(limits.values()), previous)
 
-    def _exit_limits(self, i: int, exits: dict[State, float]) -> dict[tuple[int, ...], float] | None:
+    def _exit_limits(self, i: int, exits: dict[State, float],
+                     known: dict[tuple[int, ...], float] | None = None) -> dict[tuple[int, ...], float] | None:
         """Per single-layout target of the exit values (live at ``i``): the cheapest settled
-        exit converted into it. A later exit holding the target matters only below this."""
+        exit converted into it. A later exit holding the target matters only below this.
+        ``known`` are the limits of the exits settled before ``exits``: new exits can only
+        lower them, so the A* passes each exit once, not all of them again per new one."""
         targets = self._exit_targets(i)
         if targets is None:
             return None
         live = self._live[i]
         limits = {}
         for target in targets:
-            cheapest = math.inf
+            cheapest = math.inf if known is None else known[target]
             for state, g in exits.items():
                 extra = g
                 for vid, mask, want in zip(live, state, target):
@@ -617,13 +641,8 @@ def search(space: SearchSpace, time_budget_seconds: float | None = None) -> Sear
     deadline = time.perf_counter() + time_budget_seconds if time_budget_seconds else None
     # The search allocates many small tuples and frees them by reference counting; none is in
     # a cycle, so the cyclic collector only costs time while it runs (10-20% of a search).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         return Searcher(space, deadline).run()
-    finally:
-        if collecting:
-            gc.enable()
 
 
 
@@ -639,201 +658,6 @@ def to_program(space: SearchSpace, result: SearchResult, shares) -> DistProgram:
     for ns, choice in zip(space.nodes, result.choices):
         builder.compute(ns.node, ns.options[choice.option], choice.sources)
     return builder.build()
-
-
-class _ValueBound:
-    """An admissible, consistent heuristic for one segment that sees communication.
-
-    The plain bound (every remaining node at its cheapest strategy's own price) ignores that
-    a value held in the wrong layout must be moved before it is used. Here each live value
-    gets its own relaxed problem: the rest of the segment solved exactly with *only that
-    value's* layouts tracked (every other input is had for free, in any layout), handing on,
-    at each node that reads it, to the outputs that node gives birth to (see :meth:`_solve`).
-    Its optimum is a lower bound on the real cost to go, so the largest over the state's
-    values is too; each step of it is bounded by the relaxations of the next state's values,
-    so their maximum is consistent and A* still settles states in order. The tables are small
-    (a value's layout sets times the segment's nodes) and built lazily, only for the masks
-    states actually hold. tests/test_search_bounds.py checks both properties in every
-    reachable state of small models.
-    """
-
-    def __init__(self, searcher: Searcher, seg: Segment) -> None:
-        self.searcher = searcher
-        self.start, self.stop = seg.start, seg.stop
-        nodes = searcher.space.nodes
-        # floor[j]: every node from j to the segment's end at its cheapest own price.
-        floor = [0.0] * (seg.stop - seg.start + 1)
-        for j in range(seg.stop - 1, seg.start - 1, -1):
-            floor[j - seg.start] = floor[j - seg.start + 1] + searcher._node_floor(nodes[j])
-        self.floor = floor
-        self.live = searcher._live
-        self.live_sets = [set(searcher._live[j]) for j in range(seg.start, seg.stop + 1)]
-        # Values by position in the segment (entry slot, then each node's outputs in order),
-        # not by name: every instance of a repeated segment has the same relaxations, so one
-        # memo per segment structure serves all of them (and every A* run of each).
-        self.sid: dict[int, int] = {vid: k for k, vid in enumerate(searcher._live[seg.start])}
-        for j in range(seg.start, seg.stop):
-            for o in nodes[j].node.outputs:
-                self.sid.setdefault(searcher._vid[o], len(self.sid))
-        self.live_sids = [[self.sid[v] for v in searcher._live[j]] for j in range(seg.start, seg.stop + 1)]
-        self.shared = searcher._relaxations.setdefault(seg.signature, {})
-        self.memo: dict[tuple[int, int, int], float] = self.shared.setdefault("any", {})
-        # Per node of the segment: state -> the heuristic's value there, filled by the A*.
-        self.known: list[dict[State, float]] = self.shared.setdefault(
-            "known", [{} for _ in range(seg.start, seg.stop + 1)])
-
-    def of(self, i: int, state: State) -> float:
-        """Lower bound on the cost from ``state`` before node ``i`` to any exit of the segment."""
-        if i == self.stop:
-            return 0.0
-        at = i - self.start
-        best = self.floor[at]
-        memo = self.memo
-        for slot, (sid, mask) in enumerate(zip(self.live_sids[at], state)):
-            h = memo.get((sid, at, mask))
-            if h is None:
-                h = self._solve(self.live[i][slot], i, mask)
-            if h > best:
-                best = h
-        return best
-
-    def _solve(self, vid: int, i: int, mask: int, memo: dict | None = None,
-               last_options: frozenset[int] | None = None, floor: list[float] | None = None) -> float:
-        """Cost to go of the relaxation that tracks ``vid``, from ``mask`` before node ``i``.
-
-        Only ``vid``'s layouts are tracked, and at each node that reads it, also the layouts
-        the node's outputs are born in: after a move, the cost to go is at least the relaxation
-        of ``vid`` (if still live) and of each output, from the masks the move leaves them in,
-        so the larger of these is taken. Communication a value's readers pass on (a partial
-        sum carried through a dropout to the residual add) is thus seen where it starts.
-        Every term is a lower bound on the real cost to go, so the result is one too, and each
-        term is the value a live value's own relaxation has in the next state: the heuristic
-        stays consistent.
-
-        ``last_options`` restricts the segment's last node to those strategies (with ``floor``
-        and ``memo`` to match): the cost to reach an exit of a given layout, see
-        :class:`_TargetBound`.
-
-        Iterative (segments can be long): a stack of (value, node, mask) still to price; a
-        triple is priced once every successor it needs is in the memo."""
-        memo = self.memo if memo is None else memo
-        floor = self.floor if floor is None else floor
-        rows_of = self.searcher._relaxation_rows
-        conversion_miss = self.searcher._conversion_miss
-        sid, start, stop = self.sid, self.start, self.stop
-        stack = [(vid, i, mask)]
-        while stack:
-            v, j, m = stack[-1]
-            key = (sid[v], j - start, m)
-            if key in memo:
-                stack.pop()
-                continue
-            last = j + 1 == stop
-            alive_after = not last and v in self.live_sets[j + 1 - start]
-            best = math.inf
-            missing = []
-            for base, wants, born in rows_of(j, v, last_options if last else None):
-                cost, m2 = base, m
-                for bit, want, table in wants:
-                    if not m2 & bit:
-                        c = table.get(m2)
-                        cost += conversion_miss(table, v, m2, want) if c is None else c
-                        m2 |= bit
-                if last:
-                    rest = 0.0
-                else:
-                    rest = floor[j + 1 - start]
-                    for w, m3 in ((v, m2),) + born if alive_after else born:
-                        r = memo.get((sid[w], j + 1 - start, m3))
-                        if r is None:
-                            missing.append((w, j + 1, m3))
-                        elif r > rest:
-                            rest = r
-                if cost + rest < best:
-                    best = cost + rest
-            if missing:
-                stack.extend(missing)
-                continue
-            memo[key] = best if best < math.inf else floor[j - start]
-            stack.pop()
-        return memo[(sid[vid], i - start, mask)]
-
-
-class _TargetBound:
-    """Lower bounds on the cost to reach an exit of a *given* layout, to stop expanding states
-    once the exits they could still reach are beaten.
-
-    After the first exit of a segment, the A* keeps going only to find exits in other layouts
-    (a replicated copy of the residual, say) that a settled exit cannot be converted into
-    more cheaply. Its heuristic bounds the cost to *any* exit, so it keeps every state whose
-    cost is below the dearest such conversion. Here the relaxation of :class:`_ValueBound`
-    is solved with the last node limited to the strategies that produce each target layout;
-    a state whose bound to every target exceeds that target's limit reaches no exit that
-    matters, and is dropped. Used where one value leaves the segment, born at its last node
-    (a transformer block's residual), which is where the hardest segments end.
-    """
-
-    def __init__(self, vb: _ValueBound, producers: dict[int, frozenset[int]]) -> None:
-        self.vb = vb
-        self.producers = producers          # target layout code -> strategies of the last node
-        self.memos: dict[int, dict] = {code: vb.shared.setdefault(("exit", code), {}) for code in producers}
-        # Per target layout and node of the segment: state -> _bound there (kept per structure).
-        self.known: dict[int, list[dict[State, float]]] = {
-            code: vb.shared.setdefault(("known", code), [{} for _ in vb.floor]) for code in producers}
-        searcher = vb.searcher
-        last = vb.stop - 1
-        own = searcher._node_floor(searcher.space.nodes[last])
-        self.floors: dict[int, list[float]] = {}
-        for code, options in producers.items():
-            cheapest = min(searcher._tables[last][k][0] for k in options)
-            self.floors[code] = [f - own + cheapest for f in vb.floor[:-1]] + [0.0]
-
-    @staticmethod
-    def of_segment(searcher: Searcher, seg: Segment, vb: _ValueBound) -> _TargetBound | None:
-        exit_values = searcher._live[seg.stop]
-        last = seg.stop - 1
-        if len(exit_values) != 1 or seg.stop - seg.start < 2:
-            return None
-        ns = searcher.space.nodes[last]
-        outputs = [searcher._vid[o] for o in ns.node.outputs]
-        if exit_values[0] not in outputs:
-            return None
-        pos = outputs.index(exit_values[0])
-        producers: dict[int, set[int]] = {}
-        for k, strat in enumerate(ns.options):
-            producers.setdefault(searcher.code(strat.outputs[pos]), set()).add(k)
-        return _TargetBound(vb, {code: frozenset(ks) for code, ks in producers.items()})
-
-    def useless(self, i: int, state: State, g: float, limits: dict[tuple[int, ...], float],
-                h_any: float = 0.0) -> bool:
-        """Does every exit reachable from ``state`` (before node ``i``, cost ``g`` so far) cost
-        more than its layout's limit? ``h_any`` is the state's bound to any exit, which no
-        bound to a given layout is below: a layout whose limit it already passes is not priced."""
-        at = i - self.vb.start
-        for (code,), limit in limits.items():
-            known = self.known.get(code)
-            if known is None or g + h_any > limit + 1e-15:
-                continue                         # the last node cannot produce this layout, or beaten
-            h = known[at].get(state)
-            if h is None:
-                h = known[at][state] = self._bound(code, i, state)
-            if h <= limit + 1e-15 - g:
-                return False
-        return True
-
-    def _bound(self, code: int, i: int, state: State) -> float:
-        """Lower bound on the cost from ``state`` before node ``i`` to an exit in layout ``code``."""
-        memo, options, floor = self.memos[code], self.producers[code], self.floors[code]
-        vb = self.vb
-        at = i - vb.start
-        best = floor[at]
-        for slot, (sid, mask) in enumerate(zip(vb.live_sids[at], state)):
-            h = memo.get((sid, at, mask))
-            if h is None:
-                h = vb._solve(vb.live[i][slot], i, mask, memo, options, floor)
-            if h > best:
-                best = h
-        return best
 
 
 class _Tables:

@@ -17,26 +17,16 @@ program per node and keeps prefix sums, so a layer range on that group costs two
 subtractions. The group's program is chosen for speed with memory left unbounded; memory is
 checked per stage for the layers it holds and the micro-batches in flight.
 
-**Search, exact under the cost model.** For ``S`` stages with steps ``w_s`` (compute plus
-the unhidden part of its sends), sends ``x_s``, forward parts ``f_s``, tails ``e_s`` (exposed
-gradient sync + optimizer) and backward drains ``d_s = b_s + x_s^bwd``, 1F1B gives
-
-    T = (m - 1) * B + W + H,   B = max(w ∪ x),  W = sum(w) + sum(x),  H = max_s (e_s - sum_{t<s} d_t)
-
-(:func:`costmodel.pipeline.schedule_cost`). For a cap on ``B`` a DP over (stages left, first
-device position, first cut) gives the least ``W + e_0``, a lower bound on ``W + H`` for every
-plan under the cap (``H >= e_0``), with each stage's memory checked for its ``min(m, stages
-left)`` in-flight micro-batches. Caps are the distinct step values, searched by bisection:
-an interval of caps ``[lo, hi]`` solved at ``hi`` proves ``(m - 1) * cap_lo + bound`` for all its
-plans and is dropped when that reaches the incumbent; the plan found at ``hi`` closes the
-caps from its own bottleneck up. Where a later stage's tail ends the iteration (``H > e_0``)
-and the bound is still under the incumbent, an exact DP over Pareto fronts of ``(W, V = W + H)``
-per state prices that cap instead (``V = max(w + x + e + W_rest, f + x_f + V_rest)``, monotone in
-both). The search runs twice: the cheap bound alone first, for a good incumbent over every
-order and micro-batch count, then again with the fronts where needed. The plan reports
-``exact`` and its ``gap`` to the least bound left open (non-zero only when a budget,
-:data:`DP_RUN_LIMIT` or :data:`FRONT_RUN_LIMIT`, or a front wider than :data:`FRONT_WIDTHS`
-cut the proof short, or when GPipe is forced: its bound is the 1F1B relaxation).
+**Search, exact under the cost model.** The planner builds one problem per device order and
+micro-batch count: every group at every position, priced for every pair of cuts (what a
+stage there adds to the schedule of :func:`costmodel.pipeline.schedule_cost`).
+:mod:`synth.stagedp` solves them all, exactly: a DP per cap on the slowest step, caps bisected
+with bounds, the open intervals of every problem taken least bound first, and a DP over
+Pareto fronts where a later stage's tail ends the iteration. The search runs twice: the cheap
+bound alone first, for a good incumbent over every order and micro-batch count, then again
+with the fronts where needed. The plan reports ``exact`` and its ``gap`` to the least bound
+left open (non-zero only when a budget of :mod:`synth.stagedp` cut the proof short, or when
+GPipe is forced: its bound is the 1F1B relaxation).
 
 **Groups priced by bounds first** (``lazy_groups=True``). A group's program costs an A* (and
 for unequal devices the share LP's rounds); :mod:`costmodel.stagebounds` bounds what any
@@ -62,6 +52,7 @@ Deterministic: groups, cuts and caps are enumerated in fixed orders and ties kee
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -81,21 +72,18 @@ from costmodel.pipeline import (  # noqa: I001
     ScheduleCost,
     StageCost,
     boundary_bytes,
+    graph_facts,
     schedule_cost,
     send_seconds,
 )
 from hapc.errors import UserError
 from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
+from synth.stagedp import EXACT_TOLERANCE, Arc, StageProblem, StageSearch, solve_pass
 
 MAX_CUTS = 48            # cut candidates kept for the DP (evenly by work when there are more)
 MAX_STAGES = 16          # most stages a plan may have
 CUT_BODY = (0.05, 0.95)  # share of the work where the least live bytes between nodes is looked for
-CAP_BATCH = 8            # step caps solved together by one (vectorised) DP run
-DP_RUN_LIMIT = 400       # DP runs per pass of the search; what is left unexplored then counts in the gap
-EXACT_TOLERANCE = 1e-9   # relative gap under which a plan is reported exact
-FRONT_WIDTHS = (12, 48)  # (W, V) front sizes tried by the exact DP before it gives up on a cap
-FRONT_RUN_LIMIT = 40     # exact front DPs per planning; past it, caps keep their W + e0 bound (a gap)
 UNBOUNDED_MEMORY = 10**18
 
 
@@ -136,81 +124,29 @@ class _Group:
     end: int                        # device position after the group (index into the order)
 
 
-@dataclass
-class _Arc:
-    """A group at one device position, priced for one micro-batch count: what a stage over
-    cuts ``[i, j)`` on it adds to the DP, for every cut pair."""
-
-    group: _Group
-    start: int                   # index of its first device position
-    end: int                     # index of the position after it
-    cost: np.ndarray             # [c, c] its step w plus its send x, plus its tail e on row 0 (first stage)
-    gate: np.ndarray             # [c, c] the slowest pipeline step it adds, max(w, x); inf where no stage
-    inflight_max: np.ndarray     # [c, c] micro-batches whose activations fit next to its parameters
-    busy: np.ndarray             # [c, c] w + x: what the stage and its send add to the pipeline's sum
-    busy_tail: np.ndarray        # [c, c] w + x + e: ... and the end of its own iteration after the pipeline
-    ahead: np.ndarray            # [c, c] f + x_f: how far its last backward ends before the next stage's
-    bound: bool = False          # priced by lower bounds only: its group has no program yet
-
-
-@dataclass
-class _Problem:
-    """One device order at one micro-batch count."""
-
-    m: int
-    n_pos: int
-    arcs: list[_Arc]
-    max_stages: int
-    ks: list[int]                # stage counts allowed
-    gpipe_memory: bool           # every stage holds all m micro-batches (GPipe), not min(m, k) (1F1B)
-    steps: np.ndarray            # sorted distinct step values: the caps worth trying
-    gates: dict[int, list[np.ndarray]] = field(default_factory=dict)   # per in-flight count
-    ahead: np.ndarray | None = None      # [p, i] least forward time before a state (a bound)
-    source: tuple = ()                   # what built it (to build it again once groups are synthesised)
-
-
-class _Search:
-    """The incumbent, the bounds left open and the counts of one planning."""
-
-    def __init__(self, bound: float, schedule: str) -> None:
-        self.best: Pipeline | None = None
-        self.upper = bound
-        self.schedule = schedule
-        self.lower_bounds: list[float] = []     # bounds of the cap intervals solved (or left unexplored)
-        self.priced = 0
-        self.dp_runs = 0
-        self.pass_runs = 0                      # DP runs in the current pass (each pass has the limit)
-        self.pareto_runs = 0
-        self.skipped = 0                        # problems the second pass found proven by the first
-
-    def open(self, lower_bound: float) -> bool:
-        return lower_bound < self.upper * (1 - EXACT_TOLERANCE)
-
-    def consider(self, planner: StagePlanner, chosen: list[tuple[_Arc, int, int]], m: int) -> None:
-        self.priced += 1
-        pipe = planner._price([(arc.group, i, j) for arc, i, j in chosen], m, self.schedule)
-        if pipe is not None and pipe.iteration_seconds < self.upper * (1 - 1e-12):
-            self.best, self.upper = pipe, pipe.iteration_seconds
-
-
 class StagePlanner:
     """Plans pipelines for one graph on one cluster; group programs and profiles memoised."""
 
     def __init__(self, graph: Graph, cluster: Cluster, *, optimizer: str | int = "adamw",
                  group_synthesizer: Callable[[Graph, Cluster], DistProgram] | None = None,
-                 progress: Callable[[str], None] | None = None, lazy_groups: bool = False) -> None:
+                 progress: Callable[[str], None] | None = None, lazy_groups: bool = False,
+                 like: StagePlanner | None = None) -> None:
         self.graph = graph
         self.cluster = cluster
         self.optimizer = optimizer
         self.say = progress or (lambda msg: None)
         self._synthesize_group = group_synthesizer or self._default_group_program
+        self._default_synthesizer = group_synthesizer is None
         self._programs: dict[str, DistProgram] = {}
         self._pricers: dict[str, ProgramPricer] = {}
         self._profiles: dict[tuple[str, int], ProgramProfile] = {}
         self._matrices: dict[tuple[str, int], dict[str, np.ndarray]] = {}
-        self.fwd_bytes, self.bwd_bytes = boundary_bytes(graph)
-        self.cuts = cut_candidates(graph, self.fwd_bytes)
-        self.batch = batch_size(graph)
+        if like is not None and like.graph is graph:        # the same graph's facts, found once
+            self.fwd_bytes, self.bwd_bytes, self.cuts, self.batch = like.fwd_bytes, like.bwd_bytes, like.cuts, like.batch
+        else:
+            self.fwd_bytes, self.bwd_bytes = boundary_bytes(graph)
+            self.cuts = cut_candidates(graph, self.fwd_bytes)
+            self.batch = batch_size(graph)
         self.group_syntheses = 0
         # With lazy_groups, groups are priced by lower bounds until a plan worth pricing uses them
         # (module docstring). Off by default: on the bench clusters it saves 0-2 of 8 syntheses
@@ -218,8 +154,10 @@ class StagePlanner:
         self.lazy_groups = lazy_groups and bounds_available(cluster)
         self._bounds: dict[str, StageBounds] = {}
         self._bound_matrices: dict[tuple[str, int], dict[str, np.ndarray]] = {}
-        self.restarts = 0
         self._send_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._shared: tuple | None = None      # the group work shared with a child (start_groups)
+        self.shared_counts: dict[str, float] = {}   # how the group work was shared (not in plans: timing decides)
+        self._baseline: StagePlanner | None = None
 
     # ---- groups ------------------------------------------------------------------------------
     def _default_group_program(self, graph: Graph, group: Cluster) -> DistProgram:
@@ -246,6 +184,96 @@ class StagePlanner:
             self._programs[group.key] = self._synthesize_group(self.graph, group.cluster)
             self.group_syntheses += 1
         return self._programs[group.key]
+
+    # ---- every group's program and profiles, shared with a child process ----------------------------
+    def start_groups(self) -> None:
+        """Start synthesising and pricing the search's groups (and the ``pipeline-even``
+        baseline's) in a forked child on the spare core (:mod:`synth.sharedwork`), while this
+        process goes on (the one-stage search when started before it); :meth:`_finish_groups`
+        then takes the child's results and runs what is left here, from the other end. Each
+        group's A* and pricer do not depend on another's, so the results are the same as one
+        after the other; without a spare core (or with ``HAPC_SERIAL`` set) everything runs here,
+        when first asked for. Not with ``lazy_groups``: that synthesises only the groups a plan
+        needs."""
+        if self._shared is not None or self.lazy_groups:
+            return
+        from synth.sharedwork import SharedJobs
+
+        work: dict[str, tuple[_Group, set[int]]] = {}
+        for nodes in self.device_orders():
+            _, starts = self.groups_of(nodes)
+            groups = [g for gs in starts.values() for g in gs]
+            for m in self.microbatch_counts(groups):
+                for g in groups:
+                    if len(g.ranks) <= max(1, self.batch // m) and g.key not in self._programs:
+                        work.setdefault(g.key, (g, set()))[1].add(m)
+        # Shared: the groups whose program is one A* (equal devices, the default synthesiser);
+        # an unequal group's share LP would run HiGHS, whose threads a fork does not copy.
+        shared = [(self, g, sorted(ms)) for g, ms in work.values()
+                  if g.cluster.is_homogeneous and self._default_synthesizer]
+        if shared:
+            shared += self._baseline_work()       # pipeline-even's dp-even nodes: no search, no LP
+        self._shared = (SharedJobs([functools.partial(planner._group_work, g, ms) for planner, g, ms in shared]),
+                        shared)
+
+    def baseline_planner(self) -> StagePlanner:
+        """The planner that prices the ``pipeline-even`` baseline's stages (:func:`pipeline_even`):
+        dp-even programs on whole nodes, this planner's graph facts and cuts."""
+        if self._baseline is None:
+            from synth.baselines import baseline_program
+
+            self._baseline = StagePlanner(self.graph, self.cluster, optimizer=self.optimizer, like=self,
+                                          group_synthesizer=lambda graph, group: baseline_program("dp-even", graph,
+                                                                                                  group))
+        return self._baseline
+
+    def _baseline_work(self) -> list[tuple]:
+        """``pipeline-even``'s node groups and the micro-batch counts it prices them at."""
+        nodes = [list(h.devices) for h in self.cluster.nodes]
+        if len(nodes) < 2 or len(self.cuts) - 2 < len(nodes) - 1:
+            return []
+        even = self.baseline_planner()
+        groups = {g.key: g for g in (even.group(n) for n in nodes)}
+        counts = [m for m in even.microbatch_counts(list(groups.values()))
+                  if all(len(n) <= max(1, even.batch // m) for n in nodes)]
+        return [(even, g, counts) for g in groups.values() if g.key not in even._programs]
+
+    def _group_work(self, group: _Group, counts: list[int]) -> tuple:
+        """One group's program (as parts) and its profiles at ``counts`` micro-batches; no
+        side effects, so a child can run it and send the result back."""
+        program = self._programs.get(group.key) or self._synthesize_group(self.graph, group.cluster)
+        pricer = ProgramPricer(program, group.cluster, self.optimizer)
+        return program.steps, program.source_layouts, program.shares, program._blocks, \
+            [pricer.profile(m) for m in counts]
+
+    def _finish_groups(self) -> None:
+        """The groups :meth:`start_groups` shared, done and taken in (the child's part as it
+        arrives, the rest here)."""
+        if self._shared is None:
+            self.start_groups()
+        if self._shared is None or self._shared[0] is None:
+            return
+        jobs, shared = self._shared
+        self._shared = (None, [])
+        self.shared_counts = {"group_jobs": len(shared)}
+        results = jobs.results()
+        self.shared_counts["group_jobs_from_child"] = jobs.from_child
+        self.shared_counts["group_jobs_wait_seconds"] = jobs.wait_seconds
+        for (planner, group, counts), (steps, layouts, shares, blocks, profiles) in zip(shared, results):
+            if group.key in planner._programs:
+                continue
+            if planner is self:
+                self.say(f"pipeline: synthesising the program of a {group.cluster.describe()} group")
+                self.group_syntheses += 1
+            planner._programs[group.key] = DistProgram(self.graph, shares, layouts, steps, _blocks=blocks)
+            for m, prof in zip(counts, profiles):
+                planner._profiles.setdefault((group.key, m), prof)
+
+    def close(self) -> None:
+        """Stop a child :meth:`start_groups` left running (a plan that returned early, a failed search)."""
+        if self._shared is not None and self._shared[0] is not None:
+            self._shared[0].cancel()
+            self._shared = None
 
     def profile(self, group: _Group, microbatches: int) -> ProgramProfile:
         key = (group.key, microbatches)
@@ -307,10 +335,13 @@ class StagePlanner:
     def matrices(self, group: _Group, m: int) -> dict[str, np.ndarray]:
         """Stage step, tail and memory limits for every cut pair ``(i, j)`` on ``group``."""
         key = (group.key, m)
-        if key in self._matrices:
-            return self._matrices[key]
+        if key not in self._matrices:
+            self._matrices[key] = self._cut_pair_terms(group, m, np.array(self.cuts))
+        return self._matrices[key]
+
+    def _cut_pair_terms(self, group: _Group, m: int, cuts: np.ndarray) -> dict[str, np.ndarray]:
+        """:meth:`matrices` over the given cut positions only (the same floats per pair)."""
         prof = self.profile(group, m)
-        cuts = np.array(self.cuts)
         c = len(cuts)
 
         def diff(prefix: np.ndarray) -> np.ndarray:
@@ -348,7 +379,6 @@ class StagePlanner:
         out = {"fwd": fwd, "bwd": bwd, "step": np.where(upper, fwd + bwd, np.inf), "tail": opt + shared_tail,
                "sync": sync, "exposed": exposed, "inflight_max": np.where(upper, inflight_max, -1.0),
                "static": static, "act": act}
-        self._matrices[key] = out
         return out
 
     def bound_matrices(self, group: _Group, m: int) -> dict[str, np.ndarray]:
@@ -398,6 +428,13 @@ class StagePlanner:
         ``stages``/``microbatches``/``schedule`` force those choices (the CLI's flags).
         ``incumbent_seconds`` (the best plan without stages) prunes: a pipeline is only
         returned when it is faster, and None then means none is (up to the reported gap)."""
+        try:
+            return self._plan(stages, microbatches, schedule, incumbent_seconds)
+        finally:
+            self.close()
+
+    def _plan(self, stages: int | None, microbatches: int | None, schedule: str | None,
+              incumbent_seconds: float | None) -> Pipeline | None:
         started = time.perf_counter()
         if len(self.cuts) < 3:
             if stages:
@@ -415,6 +452,7 @@ class StagePlanner:
         bound = math.inf if incumbent_seconds is None else float(incumbent_seconds)
         if bound < math.inf and lower_bound_seconds(self.graph, self.cluster) >= bound:
             return None          # not even a perfectly balanced pipeline computes faster than the incumbent
+        self._finish_groups()
         problems = []
         for order, nodes in enumerate(self.device_orders()):
             positions, starts = self.groups_of(nodes)
@@ -425,25 +463,26 @@ class StagePlanner:
             counts = [microbatches] if microbatches else self.microbatch_counts(all_groups)
             for m in counts:
                 problems.append(self._problem(nodes, positions, starts, m, stages, schedule == "gpipe"))
-        search = _Search(bound, schedule or "1f1b")
+        schedule = schedule or "1f1b"
+        search = StageSearch(bound, lambda chosen, m: self._price([(arc.group, i, j) for arc, i, j in chosen],
+                                                                  m, schedule))
         # First the cheap bound alone, for a good incumbent; then again, proving it with the
         # exact front DP only where the cheap bound stays under that incumbent. A problem whose
         # first-pass bounds all reach the final incumbent is proven already and not run again.
-        first_pass = [self._branch_and_bound(prob, search, fronts=False) for prob in problems]
+        lazy = {"synthesise": lambda groups: [self.group_program(g) for g in groups], "rebuild": self._refreshed}
+        first_pass = solve_pass(problems, search, fronts=False, **lazy)
         search.lower_bounds.clear()
         search.pass_runs = 0
-        for prob, proven in zip(problems, first_pass):
-            if any(search.open(b) for b in proven):
-                self._branch_and_bound(prob, search, fronts=True)
-            else:
-                search.skipped += 1
+        again = [prob for prob, proven in zip(problems, first_pass) if any(search.open(b) for b in proven)]
+        search.skipped = len(problems) - len(again)
+        solve_pass(again, search, fronts=True, **lazy)
         best = search.best
         if best is not None:
             lower = min([best.iteration_seconds] + search.lower_bounds)
             gap = max(0.0, (best.iteration_seconds - lower) / best.iteration_seconds)
             bounded_only = {a.group.key for prob in problems for a in prob.arcs} - set(self._programs)
             best.search = {"group_syntheses": self.group_syntheses, "groups_bounded_only": len(bounded_only),
-                           "restarts": self.restarts, "candidates_priced": search.priced,
+                           "restarts": search.restarts, "candidates_priced": search.priced,
                            "dp_runs": search.dp_runs, "problems": len(problems),
                            "problems_proven_in_first_pass": search.skipped, "front_dp_runs": search.pareto_runs, "cut_candidates": len(self.cuts) - 2,
                            "exact": bool(gap <= EXACT_TOLERANCE), "gap": float(gap), "lower_bound_seconds": float(lower),
@@ -452,7 +491,7 @@ class StagePlanner:
 
     # ---- the exact search: a DP per step cap, caps bisected with bounds ----------------------------
     def _problem(self, nodes: list[list[int]], positions: list[int], starts: dict[int, list[_Group]], m: int,
-                 forced_stages: int | None, gpipe_memory: bool) -> _Problem:
+                 forced_stages: int | None, gpipe_memory: bool) -> StageProblem:
         """One device order at one micro-batch count: every group at every position, priced for
         every cut pair (what the DP adds per stage)."""
         c = len(self.cuts)
@@ -461,7 +500,7 @@ class StagePlanner:
         fwd_bytes = self.fwd_bytes[self.cuts] / m
         bwd_bytes = self.bwd_bytes[self.cuts] / m
         blocked = 1.0 - self.cluster.comm_overlap
-        arcs: list[_Arc] = []
+        arcs: list[Arc] = []
         for a in sorted(starts):
             for g in starts[a]:
                 if len(g.ranks) > max(1, self.batch // m):
@@ -482,16 +521,16 @@ class StagePlanner:
                 cost[0] = cost[0] + tail[0]
                 ahead = mat["fwd"] + blocked * (xf[None, :] + bf[:, None]) + xf[None, :]
                 gate = np.maximum(step, link[None, :])
-                arcs.append(_Arc(g, pos_index[a], pos_index[g.end], cost, gate, mat["inflight_max"],
+                arcs.append(Arc(g, pos_index[a], pos_index[g.end], cost, gate, mat["inflight_max"],
                                  busy, busy + tail, ahead, bound=not ready))
         max_stages = forced_stages or min(len(positions) - 1, c - 1, MAX_STAGES)
         ks = [forced_stages] if forced_stages else list(range(2, max_stages + 1))
         finite = [a.gate[np.isfinite(a.gate)] for a in arcs]
         steps = np.unique(np.concatenate(finite)) if finite else np.zeros(0)
-        return _Problem(m, len(positions), arcs, max_stages, ks, gpipe_memory, steps,
+        return StageProblem(m, len(positions), c, arcs, max_stages, ks, gpipe_memory, steps,
                         source=(nodes, positions, starts, m, forced_stages, gpipe_memory))
 
-    def _refreshed(self, prob: _Problem) -> _Problem:
+    def _refreshed(self, prob: StageProblem) -> StageProblem:
         """``prob`` built again when a group it bounds has been synthesised since."""
         if any(arc.bound and self._synthesised(arc.group) for arc in prob.arcs):
             return self._problem(*prob.source)
@@ -506,245 +545,6 @@ class StagePlanner:
         xf, xb = self._send_cache[key]
         return xf.copy(), xb.copy()
 
-    def _branch_and_bound(self, prob: _Problem, search: _Search, fronts: bool) -> list[float]:
-        """The least ``(m - 1) * B + W + e0`` over step caps ``B``, exactly: caps are bisected over
-        the distinct step values; an interval of caps is dropped when its lower bound reaches
-        the best pipeline priced so far (module docstring).
-
-        Groups without a program yet take part through their lower bounds; when the DP's best
-        plan under a cap uses one, that group is synthesised and the problem solved again with
-        its real prices (the incumbent kept): a bound alone never closes an interval, so the
-        result is as exact as with every group synthesised up front. Returns the lower bounds
-        that closed the problem's cap intervals (those dropped as worse than the incumbent of
-        their time are not listed: they reach any later incumbent too)."""
-        while True:
-            prob = self._refreshed(prob)
-            proven: list[float] = []
-            missing = self._branch_and_bound_once(prob, search, fronts, proven)
-            if not missing:
-                search.lower_bounds.extend(proven)
-                return proven
-            for group in missing:
-                self.group_program(group)
-            self.restarts += 1
-
-    def _branch_and_bound_once(self, prob: _Problem, search: _Search, fronts: bool,
-                               proven: list[float]) -> list[_Group]:
-        """One run of the bisection; the groups to synthesise first when a bound-priced plan
-        came out best under some cap (the run is then void), else none."""
-        if not prob.arcs or not len(prob.steps):
-            return []
-        least_step = self._least_bottleneck(prob)
-        if not math.isfinite(least_step):
-            return []                                # nothing fits
-        steps = prob.steps
-        lo = int(np.searchsorted(steps, least_step))
-        pending = [(0.0, lo, len(steps) - 1)]        # (lower bound, first cap index, last cap index)
-        while pending:
-            pending = [iv for iv in pending if search.open(iv[0])]
-            if not pending:
-                break
-            if search.pass_runs >= DP_RUN_LIMIT:
-                proven.extend(iv[0] for iv in pending)      # unexplored: counted in the gap
-                break
-            pending.sort()
-            batch, pending = pending[:CAP_BATCH], pending[CAP_BATCH:]
-            caps = steps[[hi for _, _, hi in batch]]
-            value, pick_arc, pick_cut = self._dp(prob, caps)
-            search.dp_runs += 1
-            search.pass_runs += 1
-            for b, (_, first, hi) in enumerate(batch):
-                totals = [value[k, b, 0, 0] for k in prob.ks]
-                least = float(min(totals))
-                if not math.isfinite(least):
-                    continue                          # no plan under this cap, nor under any smaller
-                k = prob.ks[int(np.argmin(totals))]
-                chosen = self._walk(prob, pick_arc, pick_cut, b, k)
-                bottleneck = max(float(arc.gate[i, j]) for arc, i, j in chosen)
-                t = int(np.searchsorted(steps, bottleneck))
-                if not search.open((prob.m - 1) * steps[t] + least):
-                    pass                                     # it cannot beat the incumbent: not priced
-                elif _unsynthesised(chosen):
-                    return _unsynthesised(chosen)           # it might win: price it for real
-                else:
-                    search.consider(self, chosen, prob.m)
-                if fronts and search.open((prob.m - 1) * steps[t] + least) and search.pareto_runs < FRONT_RUN_LIMIT and \
-                        not _unsynthesised(chosen) and _pipeline_sum(chosen) + _tail_excess(chosen) > least * (1 + EXACT_TOLERANCE):
-                    # A later stage's tail ends the iteration: the bound W + e0 is not tight here.
-                    # The exact DP over (W, V) fronts prices the cap instead.
-                    exact = self._pareto_dp(prob, float(steps[hi]), search.upper - (prob.m - 1) * steps[first])
-                    search.pareto_runs += 1
-                    if exact is not None:
-                        least, chosen = exact
-                        if not chosen:
-                            continue
-                        if _unsynthesised(chosen):
-                            return _unsynthesised(chosen)
-                        bottleneck = max(float(arc.gate[i, j]) for arc, i, j in chosen)
-                        t = int(np.searchsorted(steps, bottleneck))
-                        search.consider(self, chosen, prob.m)
-                proven.append((prob.m - 1) * steps[t] + least)
-                if t > first:
-                    mid = (first + t - 1) // 2
-                    pending.append(((prob.m - 1) * steps[first] + least, first, mid))
-                    if mid + 1 <= t - 1:
-                        pending.append(((prob.m - 1) * steps[mid + 1] + least, mid + 1, t - 1))
-        return []
-
-    def _gates(self, prob: _Problem, k: int) -> list[np.ndarray]:
-        """Each arc's step gate with the stages that cannot hold their in-flight micro-batches
-        (``min(m, k)`` under 1F1B with ``k`` stages from here on, all ``m`` under GPipe) closed."""
-        need = prob.m if prob.gpipe_memory else min(prob.m, k)
-        if need not in prob.gates:
-            prob.gates[need] = [np.where(a.inflight_max >= need, a.gate, np.inf) for a in prob.arcs]
-        return prob.gates[need]
-
-    def _least_bottleneck(self, prob: _Problem) -> float:
-        """The smallest slowest step of any plan that fits (a min-max DP)."""
-        c = len(self.cuts)
-        worst = np.full((prob.max_stages + 1, prob.n_pos, c), np.inf)
-        worst[0, :, c - 1] = 0.0
-        for k in range(1, prob.max_stages + 1):
-            for arc, gate in zip(prob.arcs, self._gates(prob, k)):
-                nxt = worst[k - 1, arc.end]
-                best = np.maximum(gate, nxt[None, :]).min(axis=1)
-                np.minimum(worst[k, arc.start], best, out=worst[k, arc.start])
-        return float(min(worst[k, 0, 0] for k in prob.ks))
-
-    def _dp(self, prob: _Problem, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``value[k, b, p, i]``: the least ``W + e0`` covering cuts ``i..end`` with ``k`` stages on
-        the devices from position ``p`` on, every step under ``caps[b]``; and the choices."""
-        c, n_caps = len(self.cuts), len(caps)
-        shape = (prob.max_stages + 1, n_caps, prob.n_pos, c)
-        value = np.full(shape, np.inf)
-        value[0, :, :, c - 1] = 0.0
-        pick_arc = np.full(shape, -1, dtype=np.int32)
-        pick_cut = np.zeros(shape, dtype=np.int32)
-        cap = caps[:, None, None]
-        for k in range(1, prob.max_stages + 1):
-            for ai, (arc, gate) in enumerate(zip(prob.arcs, self._gates(prob, k))):
-                nxt = value[k - 1, :, arc.end]                                   # [caps, cuts]
-                if not np.isfinite(nxt).any():
-                    continue
-                total = np.where(gate[None] <= cap, arc.cost[None] + nxt[:, None, :], np.inf)
-                j = total.argmin(axis=2)
-                t = np.take_along_axis(total, j[:, :, None], axis=2)[:, :, 0]
-                here = value[k, :, arc.start]
-                better = t < here
-                if better.any():
-                    here[better] = t[better]
-                    pick_arc[k, :, arc.start][better] = ai
-                    pick_cut[k, :, arc.start][better] = j[better]
-        return value, pick_arc, pick_cut
-
-    def _pareto_dp(self, prob: _Problem, cap: float,
-                   limit: float) -> tuple[float, list[tuple[_Arc, int, int]]] | None:
-        """The least exact ``V = W + H`` under one step cap, below ``limit``, and its stages
-        (empty when none is below); None when a front outgrew :data:`FRONT_WIDTHS` (the caller
-        keeps its bound).
-
-        ``V = max(w + x + e + W_rest, f + x_f + V_rest)`` for a stage followed by the rest, so
-        each state keeps its Pareto front of ``(W, V)`` pairs (a pair worse in both can never
-        end better). A pair is dropped once the least forward time of any stages before it
-        plus its ``V`` reaches ``limit``: the whole plan's ``V`` can only be larger."""
-        for width in FRONT_WIDTHS:
-            found = self._pareto_fronts(prob, cap, width, limit)
-            if found is not None:
-                return found
-        return None
-
-    def _least_ahead(self, prob: _Problem) -> np.ndarray:
-        """``[p, i]``: the least sum of ``f + x_f`` of stages covering cuts ``0..i`` on the
-        devices before position ``p`` (caps and memory ignored: a bound)."""
-        if prob.ahead is None:
-            c = len(self.cuts)
-            ahead = np.full((prob.n_pos, c), np.inf)
-            ahead[0, 0] = 0.0
-            for arc in sorted(prob.arcs, key=lambda a: a.start):
-                reach = np.where(np.isfinite(arc.gate), ahead[arc.start][:, None] + arc.ahead, np.inf).min(axis=0)
-                np.minimum(ahead[arc.end], reach, out=ahead[arc.end])
-            prob.ahead = ahead
-        return prob.ahead
-
-    def _pareto_fronts(self, prob: _Problem, cap: float, width: int, limit: float):
-        c, n_pos, top = len(self.cuts), prob.n_pos, prob.max_stages
-        before = self._least_ahead(prob)
-        jj, ff = np.meshgrid(np.arange(c), np.arange(width), indexing="ij")
-        front_w = np.full((top + 1, n_pos, c, width), np.inf)
-        front_v = np.full((top + 1, n_pos, c, width), np.inf)
-        front_w[0, :, c - 1, 0] = 0.0
-        front_v[0, :, c - 1, 0] = -np.inf           # no stage after the last: its own end decides
-        pick = np.full((top + 1, n_pos, c, width, 3), -1, dtype=np.int32)   # (arc, next cut, next entry)
-        rows = np.arange(c)
-        by_start: dict[int, list[int]] = {}
-        for ai, arc in enumerate(prob.arcs):
-            by_start.setdefault(arc.start, []).append(ai)
-        for k in range(1, top + 1):
-            gates = self._gates(prob, k)
-            for p, arc_ids in by_start.items():
-                ws, vs, ids = [], [], []
-                for ai in arc_ids:
-                    arc = prob.arcs[ai]
-                    rest_w, rest_v = front_w[k - 1, arc.end], front_v[k - 1, arc.end]      # [c, width]
-                    if not np.isfinite(rest_w).any():
-                        continue
-                    ok = (gates[ai] <= cap)[:, :, None]
-                    w = np.where(ok, arc.busy[:, :, None] + rest_w[None], np.inf)
-                    v = np.where(ok, np.maximum(arc.busy_tail[:, :, None] + rest_w[None],
-                                                arc.ahead[:, :, None] + rest_v[None]), np.inf)
-                    v[v + before[p][:, None, None] >= limit] = np.inf
-                    w[np.isinf(v)] = np.inf
-                    ws.append(w.reshape(c, -1))
-                    vs.append(v.reshape(c, -1))
-                    ids.append(np.stack([np.full(c * width, ai), jj.ravel(), ff.ravel()], axis=1))
-                if not ws:
-                    continue
-                w_all, v_all, id_all = np.concatenate(ws, axis=1), np.concatenate(vs, axis=1), np.concatenate(ids)
-                live = np.isfinite(w_all)
-                useful = live.any(axis=0)             # most (next cut, front entry) pairs are empty
-                if not useful.all():
-                    w_all, v_all, id_all, live = w_all[:, useful], v_all[:, useful], id_all[useful], live[:, useful]
-                for q in range(width):
-                    if not live.any():
-                        break
-                    v_live = np.where(live, v_all, np.inf)
-                    least_v = v_live.min(axis=1, keepdims=True)
-                    at = np.where(live & (v_live == least_v), w_all, np.inf).argmin(axis=1)
-                    has = live[rows, at]
-                    front_w[k, p, has, q] = w_all[rows, at][has]
-                    front_v[k, p, has, q] = v_all[rows, at][has]
-                    pick[k, p, has, q] = id_all[at][has]
-                    live &= w_all < np.where(has, w_all[rows, at], -np.inf)[:, None]
-                if live.any():
-                    return None                       # the front did not fit: a wider one is needed
-        best, where = np.inf, None
-        for k in prob.ks:
-            q = int(np.argmin(front_v[k, 0, 0]))
-            if front_v[k, 0, 0, q] < best:
-                best, where = float(front_v[k, 0, 0, q]), (k, q)
-        if where is None:
-            return math.inf, []
-        chosen = []
-        (k, q), p, i = where, 0, 0
-        for kk in range(k, 0, -1):
-            ai, j, nq = (int(v) for v in pick[kk, p, i, q])
-            arc = prob.arcs[ai]
-            chosen.append((arc, i, j))
-            p, i, q = arc.end, j, nq
-        return best, chosen
-
-    @staticmethod
-    def _walk(prob: _Problem, pick_arc: np.ndarray, pick_cut: np.ndarray, b: int,
-              k: int) -> list[tuple[_Arc, int, int]]:
-        chosen = []
-        p = i = 0
-        for kk in range(k, 0, -1):
-            arc = prob.arcs[int(pick_arc[kk, b, p, i])]
-            j = int(pick_cut[kk, b, p, i])
-            chosen.append((arc, i, j))
-            p, i = arc.end, j
-        return chosen
-
     def _link_after(self, group: _Group, starts: dict[int, list[_Group]]) -> Link | None:
         """The link to whichever group starts right after ``group`` (same node: its link)."""
         following = starts.get(group.end)
@@ -757,12 +557,16 @@ class StagePlanner:
         """The exact schedule cost of one stage list; None when a stage does not fit."""
         stage_costs: list[StageCost] = []
         stages: list[Stage] = []
-        for s, (g, ci, cj) in enumerate(plan):
-            mat = self.matrices(g, m)
+        for s, (g, first, stop) in enumerate(plan):
+            ci, cj = first, stop
+            mat = self._matrices.get((g.key, m))
+            if mat is None:              # a stage list priced alone (a baseline, a loaded plan): its pairs only
+                mat = self._cut_pair_terms(g, m, np.array([self.cuts[first], self.cuts[stop]]))
+                ci, cj = 0, 1
             if s + 1 < len(plan):
                 link = link_between(self.cluster, g.ranks, plan[s + 1][0].ranks)
-                xf = send_seconds(link, self.fwd_bytes[self.cuts[cj]] / m)
-                xb = send_seconds(link, self.bwd_bytes[self.cuts[cj]] / m)
+                xf = send_seconds(link, self.fwd_bytes[self.cuts[stop]] / m)
+                xb = send_seconds(link, self.bwd_bytes[self.cuts[stop]] / m)
             else:
                 xf = xb = 0.0
             cost = StageCost(float(mat["fwd"][ci, cj]), float(mat["bwd"][ci, cj]), xf, xb,
@@ -770,7 +574,7 @@ class StagePlanner:
                              tuple(float(v) for v in mat["static"][ci, cj]),
                              tuple(float(v) for v in mat["act"][ci, cj]))
             stage_costs.append(cost)
-            stages.append(Stage(self.cuts[ci], self.cuts[cj], g.ranks, self.group_program(g), cost))
+            stages.append(Stage(self.cuts[first], self.cuts[stop], g.ranks, self.group_program(g), cost))
         sched = schedule_cost(stage_costs, m, schedule, self.cluster.comm_overlap)
         for st, mem in zip(stages, sched.stage_memory_bytes):
             if not require_fit:
@@ -805,18 +609,15 @@ def pipeline_even(planner: StagePlanner) -> Pipeline | None:
     """The ``pipeline-even`` baseline: one stage per node with equal numbers of layers (cut
     candidates), data parallel with even shares inside each node, the best micro-batch count.
     None for a one-node cluster or a model with fewer cut places than nodes."""
-    from synth.baselines import baseline_program
-
     nodes = [list(h.devices) for h in planner.cluster.nodes]
     inner = planner.cuts[1:-1]
     if len(nodes) < 2 or len(inner) < len(nodes) - 1:
         return None
+    planner._finish_groups()        # the stage search's groups and this baseline's, partly in a child
     picks = [inner[round(k * (len(inner) + 1) / len(nodes)) - 1] for k in range(1, len(nodes))]
     bounds = [0] + picks + [len(planner.graph.nodes)]
     at = {c: i for i, c in enumerate(planner.cuts)}
-    even = StagePlanner(planner.graph, planner.cluster, optimizer=planner.optimizer,
-                        group_synthesizer=lambda graph, group: baseline_program("dp-even", graph, group))
-    even.cuts = planner.cuts
+    even = planner.baseline_planner()
     best: Pipeline | None = None
     for m in even.microbatch_counts([even.group(n) for n in nodes]):
         if any(len(n) > max(1, even.batch // m) for n in nodes):
@@ -826,30 +627,6 @@ def pipeline_even(planner: StagePlanner) -> Pipeline | None:
         if pipe is not None and (best is None or pipe.iteration_seconds < best.iteration_seconds):
             best = pipe
     return best
-
-
-def _unsynthesised(chosen: list[tuple[_Arc, int, int]]) -> list[_Group]:
-    """The groups of ``chosen`` priced by bounds only, each once, in stage order."""
-    out: dict[str, _Group] = {}
-    for arc, _, _ in chosen:
-        if arc.bound:
-            out.setdefault(arc.group.key, arc.group)
-    return list(out.values())
-
-
-def _pipeline_sum(chosen: list[tuple[_Arc, int, int]]) -> float:
-    """W: the stages' steps and sends, summed (one micro-batch through the whole pipeline)."""
-    return sum(float(arc.busy[i, j]) for arc, i, j in chosen)
-
-
-def _tail_excess(chosen: list[tuple[_Arc, int, int]]) -> float:
-    """H = max over stages s of (tail_s - the backward drain before s): how far past the
-    pipeline's end the last stage to finish its gradient sync and optimizer ends."""
-    worst, drained = -math.inf, 0.0
-    for arc, i, j in chosen:
-        worst = max(worst, float(arc.busy_tail[i, j] - arc.busy[i, j]) - drained)
-        drained += float(arc.busy[i, j] - arc.ahead[i, j])
-    return worst
 
 
 def _all_reduce_seconds(group: Cluster, nbytes: np.ndarray) -> np.ndarray:
@@ -871,8 +648,8 @@ def cut_candidates(graph: Graph, live_bytes: np.ndarray) -> list[int]:
     5% and 95% of the work, not counting positions before the first or after the last
     parameter use), at most :data:`MAX_CUTS`."""
     n = len(graph.nodes)
-    reads_param = [i for i, node in enumerate(graph.nodes)
-                   if any(graph.values[r].kind == "param" for r in node.input_refs())]
+    reads_param = [i for i, reads in enumerate(graph_facts(graph).refs)
+                   if any(graph.values[r].kind == "param" for r in reads)]
     if len(reads_param) < 2:
         return [0, n]
     lo, hi = reads_param[0] + 1, reads_param[-1]

@@ -23,6 +23,7 @@ from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
 from synth.baselines import BASELINES, baseline_programs
 from synth.costs import Prices
+from synth.gcpause import gc_paused
 from synth.loads import share_problem, with_shares
 from synth.ratios import MemoryInfeasible, solve_shares
 from synth.search import SearchResult, search, to_program
@@ -68,6 +69,16 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
                        optimizer: str | int = "adamw", max_rounds: int = 6, backend: str = "highs",
                        overlaps: Sequence[float] = (0.0, 0.75), baselines: Sequence[str] = BASELINES,
                        progress: Progress | None = None) -> Synthesis:
+    # The loop makes no reference cycles worth collecting (synth.gcpause): the cyclic collector
+    # would only walk the graph and the price caches again and again.
+    with gc_paused():
+        return _synthesize(graph, cluster, time_budget=time_budget, optimizer=optimizer, max_rounds=max_rounds,
+                           backend=backend, overlaps=overlaps, baselines=baselines, progress=progress)
+
+
+def _synthesize(graph: Graph, cluster: Cluster, *, time_budget: float | None, optimizer: str | int,
+                max_rounds: int, backend: str, overlaps: Sequence[float], baselines: Sequence[str],
+                progress: Progress | None) -> Synthesis:
     say = progress or (lambda msg: None)
     deadline = time.perf_counter() + time_budget if time_budget else None
     out = Synthesis(best=None, baselines={})  # type: ignore[arg-type]
@@ -85,10 +96,11 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
         for round_ in range(max_rounds):
             round_best: Candidate | None = None
             round_overlap = None
+            at_shares = Prices(graph, cluster, shares)     # priced once for every overlap tried
             for overlap in tried:
                 left = None if deadline is None else max(0.0, deadline - time.perf_counter())
                 t0 = time.perf_counter()
-                space = SearchSpace.build(graph, Prices(graph, cluster, shares, grad_sync_overlap=overlap),
+                space = SearchSpace.build(graph, at_shares.with_overlap(overlap),
                                           allow_replicated_params=replicated_params)
                 result = search(space, left / (2 * len(tried)) if left is not None else None)
                 out.search_seconds += time.perf_counter() - t0
@@ -106,6 +118,10 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
                                "shares": list(shares), "replicated_params": replicated_params})
             if best is None or ahead(round_best, best):
                 best = round_best
+            improvement = (previous - round_best.seconds) / previous if previous < float("inf") else 1.0
+            previous = min(previous, round_best.seconds)
+            if improvement < 1e-6:
+                break       # the round did not improve: whatever shares the LP found, the loop ends
             t0 = time.perf_counter()
             try:
                 solution = solve_shares(share_problem(round_best.program, round_best.sim, cluster, optimizer, prices),
@@ -115,9 +131,7 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
                 break
             out.lp_seconds += time.perf_counter() - t0
             new_shares = tuple(float(x) for x in np.asarray(solution.shares).reshape(-1)[:cluster.world])
-            improvement = (previous - round_best.seconds) / previous if previous < float("inf") else 1.0
-            previous = min(previous, round_best.seconds)
-            if _same(new_shares, shares) or improvement < 1e-6:
+            if _same(new_shares, shares):
                 break
             # Warm start: the round's program at the LP's shares is a candidate of its own, and
             # when the simulator does not find it faster than at the old shares, the shares have

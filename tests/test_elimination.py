@@ -147,3 +147,32 @@ def test_too_wide_a_segment_is_left_to_the_beam_and_the_plan_says_so(small_moe, 
     result = _eliminated(SearchSpace.build(graph, Prices(graph, cl, cl.flops_shares()))).run()
     assert not result.exact
     assert result.lower_bound_seconds <= result.cost_seconds
+
+
+def test_a_segment_the_memo_keeps_missing_is_eliminated_after_repeated_misses():
+    """The A* solves a segment's entry states itself while the memo misses them a few times
+    (a transformer's entry costs settle within three layers); the next request is eliminated,
+    and gives the A*'s optimum."""
+    torch.manual_seed(0)
+    _, space, _ = _space(Residual(), (torch.randn(9, 12),))
+    searcher = Searcher(space)
+    seg = max(space.segments, key=lambda s: s.stop - s.start)
+    frontier = {state: (0.0, []) for state in _entry_states(searcher, seg)}
+    solver = searcher.elimination
+    assert not solver._wide(seg, len(frontier))
+    for _ in range(elimination.REPEATED_MISSES):
+        assert solver.solve(seg, frontier, 0.0) is None
+    eliminated = solver.solve(seg, frontier, 0.0)
+    assert eliminated is not None and solver.eliminations == 1
+    by_astar = searcher._astar_segment(seg, frontier, 0.0)    # the A* keeps some dominated exits too
+    for state, (seconds, _, _) in eliminated.items():
+        assert by_astar[state][0] == pytest.approx(seconds, rel=1e-12)
+    assert min(g for g, _, _ in by_astar.values()) == pytest.approx(min(g for g, _, _ in eliminated.values()),
+                                                                   rel=1e-12)
+
+
+def _entry_states(searcher: Searcher, seg) -> list[tuple]:
+    """A few states of the values live when ``seg`` starts: each held in one layout it can take."""
+    live = searcher._live[seg.start]
+    codes = [searcher._codes_of(vid)[:2] for vid in live]
+    return [tuple(1 << c for c in combo) for combo in itertools.product(*codes)]

@@ -30,6 +30,7 @@ from hapc.torchfacts import record
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL_MIXED = REPO / "configs" / "clusters" / "small-mixed.yaml"
+TWO_NODES = REPO / "configs" / "clusters" / "cpu-2nodes-2x2.yaml"
 
 # Ops whose program lines need torch's answers: a Tensor[] result (split), two results of
 # which one is used (max.dim), dtype constants (.to(torch.float64), .float()).
@@ -100,22 +101,29 @@ def test_recorded_facts_are_torchs_answers_and_travel_with_the_graph():
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory):
-    """Two saved plans with model files: the tiny model above (data parallel) and a SMALL GPT
-    under Megatron tensor parallelism (local ops that drive collectives, uneven collectives)."""
+    """Three saved plans with model files: the tiny model above (data parallel), a SMALL GPT in
+    two pipeline stages of two ranks (its micro-batch graph recorded by save), and a SMALL
+    GPT under Megatron tensor parallelism (local ops that drive collectives, uneven collectives)."""
     from conftest import load_model_file
 
     root = tmp_path_factory.mktemp("plans")
     cluster = load_cluster(SMALL_MIXED)
     tiny = root / "tiny_model.py"
     tiny.write_text(textwrap.dedent(TINY_MODEL))
+    gpt = REPO / "configs" / "models" / "gpt.py"
     made = {}
-    for name, path, kwargs, strategy in [("tiny", tiny, {}, "dp-flops"),
-                                         ("gpt", REPO / "configs" / "models" / "gpt.py", None, "megatron-tp")]:
+    for name, path, kwargs, strategy in [("tiny", tiny, {}, "dp-flops"), ("pipelined", gpt, {"batch": 4}, "stages"),
+                                         ("gpt", gpt, None, "megatron-tp")]:
         module = load_model_file(path)
-        kwargs = dict(module.SMALL) if kwargs is None else kwargs
+        kwargs = dict(module.SMALL) | (kwargs or {}) if path == gpt else kwargs
         traced = hapc.trace(module.model(**kwargs), tuple(module.inputs(**kwargs)))
         assert traced.graph.torch_facts is not None
-        plan = hapc.baseline(traced, None, cluster, strategy, model_file=str(path), model_kwargs=kwargs)
+        if strategy == "stages":
+            plan = hapc.synthesize(traced, None, str(TWO_NODES), stages=2, microbatches=2, model_file=str(path),
+                                   model_kwargs=kwargs)
+            assert plan.pipeline is not None and plan.microbatch_record is None
+        else:
+            plan = hapc.baseline(traced, None, cluster, strategy, model_file=str(path), model_kwargs=kwargs)
         plan.save(root / f"{name}.json")
         made[name] = root / f"{name}.json"
     return made
@@ -145,12 +153,33 @@ def test_a_plan_emits_without_torch_the_program_torch_would_write(plans, tmp_pat
     for name, path in plans.items():
         plan = Plan.load(path)
         plan.graph.torch_facts = None       # a plan without the record: torch answers, as before
+        plan.microbatch_record = None       # and a pipelined one traces its micro-batch again
         torch_answers = plan.emit(tmp_path / f"{name}-torch").read_text()
         written = (tmp_path / f"{name}-no-torch" / "program.py").read_text()
         assert written == torch_answers, name
     tiny = (tmp_path / "tiny-no-torch" / "program.py").read_text()
     assert "torch.float64" in tiny and ", *_ = aten.split.Tensor(" in tiny
     assert "rt.drive(L." in (tmp_path / "gpt-no-torch" / "program.py").read_text()
+    assert "STAGE_FORWARDS = (stage_0, stage_1,)" in (tmp_path / "pipelined-no-torch" / "program.py").read_text()
+
+
+def test_a_pipelined_plan_records_its_micro_batch_graph(plans, tmp_path):
+    """save() records what the micro-batch trace changes (shapes with the batch, view sizes,
+    the loss's reduction); a record for another micro-batch is not used (traced again)."""
+    plan = Plan.load(plans["pipelined"])
+    record = plan.microbatch_record
+    assert record is not None and record["rows"] == 2 and record["loss_reduction"] == "mean"
+    assert record["values"] and record["nodes"]
+    first_input = plan.graph.inputs[0]
+    assert plan.graph.meta(first_input).shape[0] == 4 and record["values"][first_input][0][0] == 2   # 4 -> 2 rows
+    assert "microbatch_graph" in json.loads(plans["pipelined"].read_text())["pipeline"]
+    from hapc.codegen.pipeline_emit import micro_batch_graph
+
+    rebuilt = micro_batch_graph(plan).graph
+    plan.microbatch_record = dict(record, rows=3)                        # another micro-batch's record
+    traced = micro_batch_graph(plan)
+    assert traced.record == record and traced.graph.values == rebuilt.values
+    assert [(n.args, n.kwargs) for n in traced.graph.nodes] == [(n.args, n.kwargs) for n in rebuilt.nodes]
 
 
 def test_plan_json_is_one_record_per_line_and_loads_to_the_same_plan(plans, tmp_path):

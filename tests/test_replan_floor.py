@@ -80,3 +80,41 @@ def test_a_replan_makes_the_same_plan_with_or_without_a_child_process(effort, mo
     serial = hapc.replan.replan(old, new, survivors=survivors, effort=effort)
     assert json.dumps(forked.plan.to_dict()) == json.dumps(serial.plan.to_dict())
     assert (forked.searches, serial.searches) == (2, 2)
+
+
+def test_a_later_search_that_leads_is_sent_whole_and_one_that_cannot_as_its_time(monkeypatch):
+    """The child sends a searched program that cannot lead the ones before it as its time only
+    (hapc.replan._Behind). Here overlap 1 finds a slower program than 0 (0.75 ties with 0):
+    searched after 0 it comes back behind, searched before 0 it makes 0's come back whole, and
+    either way, forked or not, the plan is the one the default overlaps make."""
+    old, new, survivors = _zero3_onto_a_slow_network()
+    default = json.dumps(hapc.replan.replan(old, new, survivors=survivors, effort="search").plan.to_dict())
+    kinds: list[str] = []
+    real = hapc.replan._SearchRound.candidate
+    monkeypatch.setattr(hapc.replan._SearchRound, "candidate",
+                        lambda self, index: (lambda got: kinds.append(type(got).__name__) or got)(real(self, index)))
+    for overlaps, sent in (((1.0, 0.0), ["_Candidate", "_Candidate"]), ((0.0, 1.0), ["_Candidate", "_Behind"])):
+        monkeypatch.setattr(hapc.replan, "SEARCH_OVERLAPS", overlaps)
+        for serial in ("", "1"):
+            monkeypatch.setenv("HAPC_SERIAL", serial)
+            kinds.clear()
+            done = hapc.replan.replan(old, new, survivors=survivors, effort="search")
+            assert json.dumps(done.plan.to_dict()) == default and done.searches == 2
+            assert kinds == sent, (overlaps, serial)
+
+
+def test_work_while_searching_runs_once_only_while_the_child_searches(monkeypatch):
+    from hapc.forked import spare_core
+
+    if not spare_core():
+        pytest.skip("one core (or HAPC_SERIAL): no child to wait for")
+    old, new, survivors = _zero3_onto_a_slow_network()
+    default = json.dumps(hapc.replan.replan(old, new, survivors=survivors, effort="search").plan.to_dict())
+    calls: list[int] = []
+    monkeypatch.setattr(hapc.replan._SearchRound, "ready", lambda self, index=1: False)   # still searching
+    done = hapc.replan.replan(old, new, survivors=survivors, effort="search", while_searching=lambda: calls.append(1))
+    assert calls == [1] and json.dumps(done.plan.to_dict()) == default
+    monkeypatch.setattr(hapc.replan._SearchRound, "ready", lambda self, index=1: True)    # already back
+    hapc.replan.replan(old, new, survivors=survivors, effort="search", while_searching=lambda: calls.append(2))
+    hapc.replan.replan(old, new, survivors=survivors, effort="quick", while_searching=lambda: calls.append(3))
+    assert calls == [1]

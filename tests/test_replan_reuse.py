@@ -119,7 +119,9 @@ def test_a_replan_on_the_cache_imports_no_torch_scipy_optimize_or_matplotlib(com
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "0 []", proc.stdout[-2000:]
-    assert (out / reuse.FILE_NAME).read_text() == (compiled / reuse.FILE_NAME).read_text()   # chains
+    carried, cache = (json.loads((d / reuse.FILE_NAME).read_text()) for d in (out, compiled))
+    assert carried.pop("plan_sha256") == reuse.plan_digest(out / "plan.json")     # chains, stamped anew
+    assert cache.pop("plan_sha256") == reuse.plan_digest(compiled / "plan.json") and carried == cache
     assert (out / "report.md").exists()
 
 
@@ -175,7 +177,7 @@ def test_a_job_beside_that_is_not_wanted_is_stopped_and_reaped():
     if not spare_core():
         pytest.skip("one core (or HAPC_SERIAL): nothing runs until asked")
     job = Beside(lambda: time.sleep(60))
-    pid = job._pid
+    pid = job._each._pid
     started = time.perf_counter()
     job.cancel()
     assert time.perf_counter() - started < 10
@@ -196,3 +198,120 @@ def test_a_job_beside_says_when_its_result_is_ready():
     while not job.ready() and time.perf_counter() < deadline:
         time.sleep(0.05)
     assert job.ready() and job.result() == "done" and not job.forked
+
+
+# ---- the cache's stamp: plan.json's bytes stand for its graph -------------------------------
+
+def _counting_fingerprints(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = reuse.graph_fingerprint
+    monkeypatch.setattr(reuse, "graph_fingerprint", lambda graph: calls.append(1) or real(graph))
+    return calls
+
+
+def test_a_cache_stamped_for_the_plan_file_is_not_fingerprinted_again(compiled, monkeypatch):
+    cache = json.loads((compiled / reuse.FILE_NAME).read_text())
+    assert cache["plan_sha256"] == reuse.plan_digest(compiled / "plan.json")
+    calls = _counting_fingerprints(monkeypatch)
+    plan = Plan.load(compiled / "plan.json")
+    assert reuse.load(plan.graph, compiled / reuse.FILE_NAME, plan_sha256=reuse.plan_digest(compiled / "plan.json"))
+    assert calls == []
+    plan = Plan.load(compiled / "plan.json")
+    assert reuse.load(plan.graph, compiled / reuse.FILE_NAME, plan_sha256="0" * 64)   # another file: checked
+    assert calls == [1]
+
+
+def test_a_stamp_that_misses_falls_back_to_the_fingerprint_never_to_a_stale_cache(compiled, tmp_path, capsys):
+    """An edited plan.json (other bytes) keeps a cache whose fingerprint matches its graph and
+    refuses one of another graph, also when the cache's stamp was the plan's before the edit."""
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "plan.json").write_text((compiled / "plan.json").read_text() + "\n")        # same graph, other bytes
+    cache = json.loads((compiled / reuse.FILE_NAME).read_text())
+    (old / reuse.FILE_NAME).write_text(json.dumps(cache))
+    plan = Plan.load(old / "plan.json")
+    assert reuse.load(plan.graph, old / reuse.FILE_NAME, plan_sha256=reuse.plan_digest(old / "plan.json")) > 0
+
+    cache["graph"] = "0" * 32                       # the strategies of another graph...
+    cache["plan_sha256"] = reuse.plan_digest(compiled / "plan.json")      # ...stamped for other bytes
+    (old / reuse.FILE_NAME).write_text(json.dumps(cache))
+    plan = Plan.load(old / "plan.json")
+    with pytest.raises(reuse.StaleCache, match="replan cache of another graph"):
+        reuse.load(plan.graph, old / reuse.FILE_NAME, plan_sha256=reuse.plan_digest(old / "plan.json"))
+    out = tmp_path / "new"
+    assert cli_main(["replan", str(old / "plan.json"), "--drop", "1", "--search", "-o", str(out), "--no-emit"]) == 0
+    assert "replan cache of another graph" in capsys.readouterr().err          # derived from the rules instead
+    written = json.loads((out / reuse.FILE_NAME).read_text())
+    assert written["plan_sha256"] == reuse.plan_digest(out / "plan.json")
+    assert written["graph"] == reuse.graph_fingerprint(Plan.load(out / "plan.json").graph)
+
+
+# ---- both searches in one child, each result sent when made (hapc.forked.BesideEach) ---------------
+
+def test_jobs_beside_come_back_one_by_one_as_each_is_made():
+    import time
+
+    from hapc.forked import BesideEach, spare_core
+
+    if not spare_core():
+        pytest.skip("one core (or HAPC_SERIAL): jobs run in this process")
+    parent = os.getpid()
+    jobs = BesideEach([lambda: (os.getpid(), "x" * 300_000), lambda: time.sleep(0.5) or "second"])
+    child, big = jobs.result(0)
+    assert child != parent and big == "x" * 300_000    # larger than a default pipe: the child never stalled
+    assert jobs.forked and not jobs.ready(1)               # the second is still sleeping
+    assert jobs.result(1) == "second" and not jobs.forked  # the child, done, is reaped
+    assert jobs.result(0)[1] == big
+
+
+def test_a_job_that_fails_in_the_child_runs_here_with_the_ones_after_it(monkeypatch):
+    from hapc.forked import BesideEach
+
+    parent = os.getpid()
+
+    def fails_in_a_child():
+        if os.getpid() != parent:
+            raise RuntimeError("child only")
+        return "here"
+
+    jobs = BesideEach([os.getpid, fails_in_a_child, os.getpid])
+    forked = jobs.forked
+    assert (jobs.result(0) != parent) == forked
+    assert jobs.result(1) == "here" and jobs.result(2) == parent and not jobs.forked
+    monkeypatch.setenv("HAPC_SERIAL", "1")
+    ran: list[int] = []
+    serial = BesideEach([lambda: ran.append(0) or 0, lambda: ran.append(1) or 1])
+    assert not serial.forked and ran == [] and serial.ready(1)      # nothing runs until asked
+    assert serial.result(1) == 1 and ran == [0, 1]
+
+
+def test_replan_imports_no_numpy_before_its_child_searches():
+    """numpy (and the LP) are imported while the child searches (hapc.replan._lp_tools): a module
+    on replan's path that imports numpy at its top puts a fifth of a second back before the fork."""
+    code = ("import sys, hapc.cli, hapc.replan, hapc.plan, synth.reuse, costmodel.cluster_edit; "
+            "print(sorted(m for m in ('numpy', 'highspy', 'scipy') if m in sys.modules))")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
+
+
+def test_replan_pauses_the_cyclic_collector_and_restores_it(compiled, tmp_path, monkeypatch):
+    import gc
+
+    import hapc.replan
+
+    seen: list[bool] = []
+    real = hapc.replan._replan
+    monkeypatch.setattr(hapc.replan, "_replan", lambda *args: seen.append(gc.isenabled()) or real(*args))
+    assert gc.isenabled()
+    assert cli_main(["replan", str(compiled / "plan.json"), "--drop", "1", "--quick", "-o", str(tmp_path / "new"),
+                     "--no-emit", "-q"]) == 0
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:                                        # a caller's pause stays a pause
+        with hapc.replan.cyclic_gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -15,7 +15,8 @@ import hapc
 from bench.common import HAP8, small_config, trace_model
 from costmodel import load_cluster
 from synth.costs import Prices
-from synth.search import Searcher, _TargetBound, _ValueBound
+from synth.bounds import TargetBound, ValueBound
+from synth.search import Searcher
 from synth.space import SearchSpace
 from tests.test_search import THREE_UNEVEN, Chain
 
@@ -60,8 +61,8 @@ def _check_segment(searcher: Searcher, seg, entries: set) -> int:
     for i in range(seg.start, seg.stop):
         moves.append({st: searcher._expand(nodes[i], st) for st in reached})
         reached = {after for out in moves[-1].values() for after, *_ in out}
-    value_bound = _ValueBound(searcher, seg)
-    towards = _TargetBound.of_segment(searcher, seg, value_bound)
+    value_bound = ValueBound(searcher, seg)
+    towards = TargetBound.of_segment(searcher, seg, value_bound)
     targets: dict = {None: None, **(towards.producers if towards else {})}
     checked = 0
     for code, options in targets.items():

@@ -11,7 +11,8 @@ import hapc
 from costmodel import load_cluster
 from costmodel.simulator import simulate
 from synth.costs import Prices
-from synth.search import Searcher, _ValueBound, search, to_program
+from synth.bounds import ValueBound
+from synth.search import Searcher, search, to_program
 from synth.space import SearchSpace
 from synth.synthesize import Candidate, _reshared
 from tests.test_search import THREE_UNEVEN, Chain, Residual, TwoLayer
@@ -48,7 +49,7 @@ def test_value_bound_never_exceeds_the_cost_to_go_along_the_optimum():
         assert abs(g - result.cost_seconds) < 1e-12
         checked = 0
         for seg in space.segments:
-            bound = _ValueBound(searcher, seg)
+            bound = ValueBound(searcher, seg)
             seg_end = next(gg for i, _, gg in trail if i == seg.stop - 1)
             last = space.nodes[seg.stop - 1]
             end_cost = seg_end + min(c for st, c, k, _ in searcher._expand(last, trail[seg.stop - 1][1])
@@ -138,7 +139,7 @@ def test_even_all_to_all_in_closed_form_equals_the_pairwise_sum():
 
 def test_stopping_at_beaten_exits_keeps_every_segment_result(monkeypatch):
     """Segments stop once every exit layout is beaten by a settled exit (see
-    :class:`synth.search._TargetBound`): the optimum and each segment's useful exits are
+    :class:`synth.bounds.TargetBound`): the optimum and each segment's useful exits are
     those of a search that drops no state early, on two clusters, shares and overlaps."""
     import synth.search as search_module
     from bench.common import HAP8, small_config, trace_model
@@ -153,7 +154,7 @@ def test_stopping_at_beaten_exits_keeps_every_segment_result(monkeypatch):
             runs = {}
             for label in ("pruned", "full"):
                 if label == "full":
-                    monkeypatch.setattr(search_module._TargetBound, "of_segment", staticmethod(lambda *a: None))
+                    monkeypatch.setattr(search_module.TargetBound, "of_segment", staticmethod(lambda *a: None))
                 space = SearchSpace.build(graph, Prices(graph, cluster, shares, grad_sync_overlap=overlap))
                 searcher = Searcher(space)
                 runs[label] = (searcher.run(), searcher)

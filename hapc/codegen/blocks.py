@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from hapc.codegen.repeats import longest_repeat
 from hapc.ir.graph import Node, Ref
@@ -65,9 +65,26 @@ def find_blocks(program: DistProgram, *, min_steps: int = MIN_BLOCK_STEPS) -> li
     if len(steps) < 2 * min_steps:
         return []
     nodes = {n.name: n for n in program.graph.nodes}
-    tokens = _tokens(program, nodes)
-    last_read = _last_reads(program, nodes)
-    crossing = _live_across(program, nodes, last_read)
+    flow = _Flow([_reads(s, nodes) for s in steps], [_writes(s, nodes) for s in steps])
+    # Equal tokens get equal numbers, so the repeat search and the canonical forms compare
+    # and hash small ints instead of the tokens' nested tuples (a third of the search's time).
+    numbers: dict[tuple, int] = {}
+    tokens = [numbers.setdefault(t, len(numbers)) for t in _tokens(program, nodes)]
+    last_read = _last_reads(flow)
+    crossing = _live_across(flow, last_read)
+    made: dict[tuple[int, int], tuple] = {}       # (start, stop) -> its _canonical
+    owned: list[list[frozenset]] = []
+
+    def owners() -> list[frozenset]:
+        if not owned:
+            owned.append(_param_owners(program, flow))
+        return owned[0]
+
+    def canonical(start: int, stop: int) -> tuple:
+        if (start, stop) not in made:
+            made[start, stop] = _canonical(flow, tokens, start, stop)
+        return made[start, stop]
+
     groups: dict[tuple, list[list[tuple[int, int]]]] = {}     # canonical form -> runs of calls
 
     def search(lo: int, hi: int) -> None:
@@ -79,10 +96,10 @@ def find_blocks(program: DistProgram, *, min_steps: int = MIN_BLOCK_STEPS) -> li
         # stream plus a branch), among the phases that keep the most copies; then where its
         # parameters belong to fewest modules of a list (blocks.3 alone, not blocks.2 and blocks.3).
         phase = min(range(period), key=lambda f: (-((stop - start - f) // period), crossing[start + f],
-                                                  _layers_touched(program, nodes, start + f, start + f + period), f))
+                                                  _layers_touched(owners(), start + f, start + f + period), f))
         first = start + phase
         copies = [(first + k * period, first + (k + 1) * period) for k in range((stop - first) // period)]
-        forms = [_canonical(program, nodes, tokens, s, e)[0] for s, e in copies]
+        forms = [canonical(s, e)[0] for s, e in copies]
         i = 0
         while i < len(copies):
             j = i
@@ -101,14 +118,21 @@ def find_blocks(program: DistProgram, *, min_steps: int = MIN_BLOCK_STEPS) -> li
     ordered = sorted(groups.values(), key=lambda runs: min(s for run in runs for s, _ in run))
     for index, runs in enumerate(ordered):
         ranges = sorted(r for run in runs for r in run)
-        blocks.append(_block(f"block_{index}", program, nodes, tokens, last_read, ranges))
+        blocks.append(_block(f"block_{index}", program, [canonical(s, e) for s, e in ranges], last_read, ranges))
     return blocks
 
 
-def _block(name: str, program: DistProgram, nodes: dict[str, Node], tokens: list, last_read: dict[str, int],
+class _Flow(NamedTuple):
+    """The values each program step reads and writes, by step index."""
+
+    reads: list[tuple[str, ...]]
+    writes: list[tuple[str, ...]]
+
+
+def _block(name: str, program: DistProgram, made: list[tuple], last_read: dict[str, int],
            ranges: list[tuple[int, int]]) -> Block:
-    """The calls of one block; its outputs are the slots any call's caller reads."""
-    made = [_canonical(program, nodes, tokens, s, e) for s, e in ranges]
+    """The calls of one block (``made``: each call's :func:`_canonical`); its outputs are the
+    slots any call's caller reads."""
     slots: set[tuple[int, int]] = set()
     for (s, e), (_, _, internal) in zip(ranges, made):
         for value, slot in internal.items():
@@ -165,13 +189,20 @@ def _pieces(program: DistProgram, value: str, layouts: dict[str, Layout]) -> tup
     return dim, tuple(program.lengths(value, dim))
 
 
+_NO_REF = Ref("")
+_PLAIN = frozenset({int, float, str, bool, type(None)})     # the constants most arguments are
+
+
 def _shape_of_args(args: Any) -> Any:
     """Constant arguments as they are; value references as a placeholder."""
+    kind = type(args)
+    if kind in _PLAIN:
+        return (kind.__name__, repr(args))
     if isinstance(args, Ref):
-        return Ref("")
+        return _NO_REF
     if isinstance(args, (list, tuple)):
-        return (type(args).__name__,) + tuple(_shape_of_args(a) for a in args)
-    return (type(args).__name__, repr(args))
+        return (kind.__name__,) + tuple(map(_shape_of_args, args))
+    return (kind.__name__, repr(args))
 
 
 def _reads(step, nodes: dict[str, Node]) -> tuple[str, ...]:
@@ -186,55 +217,66 @@ def _writes(step, nodes: dict[str, Node]) -> tuple[str, ...]:
     return (step.out,) if isinstance(step, Redistribute) else nodes[step.node].outputs
 
 
-def _canonical(program: DistProgram, nodes: dict[str, Node], tokens: list, start: int, stop: int):
+def _canonical(flow: _Flow, tokens: list[int], start: int, stop: int):
     """(form, external values in first-use order, internal value -> (step offset, output index))."""
     internal: dict[str, tuple[int, int]] = {}
     externals: dict[str, int] = {}
     form = []
-    for offset, step in enumerate(program.steps[start:stop]):
+    for offset in range(stop - start):
         reads = []
-        for value in _reads(step, nodes):
+        for value in flow.reads[start + offset]:
             if value in internal:
                 reads.append(internal[value])
             else:
                 reads.append(("in", externals.setdefault(value, len(externals))))
         form.append((tokens[start + offset], tuple(reads)))
-        for j, value in enumerate(_writes(step, nodes)):
+        for j, value in enumerate(flow.writes[start + offset]):
             internal[value] = (offset, j)
     return tuple(form), list(externals), internal
 
 
-def _layers_touched(program: DistProgram, nodes: dict[str, Node], start: int, stop: int) -> int:
-    """How many numbered modules (``blocks.3``) own the parameters steps ``[start, stop)`` read."""
+def _param_owners(program: DistProgram, flow: _Flow) -> list[frozenset]:
+    """Per step, the numbered modules (``blocks.3`` -> ("3",)) owning the parameters it reads."""
     values = program.graph.values
-    owners = set()
-    for step in program.steps[start:stop]:
-        for value in _reads(step, nodes):
-            target = values[value].target if value in values and values[value].kind == "param" else None
-            if target:
-                owners.add(tuple(_LIST_INDEX.findall(target)))
-    return len(owners)
+    of_value: dict[str, tuple[str, ...] | None] = {}
+    out = []
+    for reads in flow.reads:
+        owners = set()
+        for value in reads:
+            if value not in of_value:
+                target = values[value].target if value in values and values[value].kind == "param" else None
+                of_value[value] = tuple(_LIST_INDEX.findall(target)) if target else None
+            if of_value[value] is not None:
+                owners.add(of_value[value])
+        out.append(frozenset(owners))
+    return out
 
 
-def _last_reads(program: DistProgram, nodes: dict[str, Node]) -> dict[str, int]:
+def _layers_touched(owners: list[frozenset], start: int, stop: int) -> int:
+    """How many numbered modules (``blocks.3``) own the parameters steps ``[start, stop)`` read."""
+    return len(frozenset().union(*owners[start:stop]))
+
+
+def _last_reads(flow: _Flow) -> dict[str, int]:
     last: dict[str, int] = {}
-    for i, step in enumerate(program.steps):
-        for value in _reads(step, nodes):
+    for i, reads in enumerate(flow.reads):
+        for value in reads:
             last[value] = i
     return last
 
 
-def _live_across(program: DistProgram, nodes: dict[str, Node], last_read: dict[str, int]) -> list[int]:
+def _live_across(flow: _Flow, last_read: dict[str, int]) -> list[int]:
     """For each step index c, how many values made before step c are read at c or later."""
-    delta = [0] * (len(program.steps) + 2)
-    for i, step in enumerate(program.steps):
-        for value in _writes(step, nodes):
+    steps = len(flow.writes)
+    delta = [0] * (steps + 2)
+    for i, writes in enumerate(flow.writes):
+        for value in writes:
             end = last_read.get(value, -1)
             if end > i:
                 delta[i + 1] += 1
                 delta[end + 1] -= 1
     out, running = [], 0
-    for c in range(len(program.steps) + 1):
+    for c in range(steps + 1):
         running += delta[c]
         out.append(running)
     return out

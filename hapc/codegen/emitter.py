@@ -25,7 +25,6 @@ plan's lifted constants, when given, load torch to be saved.
 
 from __future__ import annotations
 
-import ast
 import keyword
 import math
 import os
@@ -52,9 +51,9 @@ BEGIN = "# ==== generated: tables and forward (begin) ===="
 END = "# ==== generated: tables and forward (end) ===="
 OPTIMIZERS = ("adamw", "adam", "sgd")
 # Names the generated forward uses for itself; values never take them.
-HIER = runtime_facts.hierarchical()
 RESERVED = {"rt", "v", "aten", "torch", "math", "L", "C", "M", "forward", "nodes", "params", "Any"}
 BLOCK_FUNCTION = re.compile(r"block_\d+")     # names of the block functions (hapc.codegen.by_block)
+_NOT_WORD = re.compile(r"\W+")
 
 
 def emit(program: DistProgram, model_file: str, out_dir: str, *, model_kwargs: dict | None = None,
@@ -103,11 +102,7 @@ def emit(program: DistProgram, model_file: str, out_dir: str, *, model_kwargs: d
 def render(program: DistProgram, model_name: str, *, model_kwargs: dict, optimizer: str = "adamw",
            seed: int = 0, plan_summary: str = "", cluster: Any = None, precision: Any = None) -> str:
     """The text of ``program.py`` (see the module docstring)."""
-    skeleton = SKELETON.read_text()
-    head, rest = skeleton.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    doc_end = ast.parse(skeleton).body[0].end_lineno
-    head = "\n".join(head.splitlines()[doc_end:])
+    head, tail = skeleton_parts()
     names = _Names(program)
     blocks = find_blocks(program)       # repeated layers: written once, called per layer
     body = _tables(program, names, model_name, model_kwargs, optimizer, seed, cluster, blocks) + "\n" + \
@@ -115,6 +110,22 @@ def render(program: DistProgram, model_name: str, *, model_kwargs: dict, optimiz
         _forward(program, names, cluster, blocks)
     return _docstring(program, model_name, plan_summary) + head.rstrip("\n") + "\n\n" + BEGIN + "\n" + body + \
         "\n" + END + tail
+
+
+def skeleton_parts() -> tuple[str, str]:
+    """The skeleton's text before the generated block (without its docstring, which each program
+    replaces with its own) and after it.
+
+    The docstring ends at the first closing triple quote, as Python reads it (the skeleton's has
+    no escaped quotes; tests/test_codegen.py checks this against ``ast``): parsing the
+    skeleton only to find that line took a tenth of a replan's program time."""
+    skeleton = SKELETON.read_text()
+    if not skeleton.startswith('"""'):
+        raise ValueError(f"{SKELETON} should start with its docstring")
+    doc_end = skeleton.count("\n", 0, skeleton.index('"""', 3)) + 1     # the docstring's last line
+    head, rest = skeleton.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return "\n".join(head.splitlines()[doc_end:]), tail
 
 
 # ---- names -----------------------------------------------------------------------------------
@@ -127,7 +138,10 @@ class _Names:
         taken: set[str] = set(RESERVED)
         every = list(program.graph.values) + [s.out for s in program.steps if isinstance(s, Redistribute)]
         for name in every:
-            base = re.sub(r"\W+", "_", name.replace("@", "_")).strip("_") or "value"
+            if name.isascii() and name.isidentifier() and name[0] != "_" and name[-1] != "_":
+                base = name             # what the substitution below leaves as it is
+            else:
+                base = _NOT_WORD.sub("_", name.replace("@", "_")).strip("_") or "value"
             if base[0].isdigit() or keyword.iskeyword(base):
                 base = f"v_{base}"
             ident, i = base, 1
@@ -154,7 +168,7 @@ def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: 
     loss_layout = layouts[graph.output]
     lines = [
         f"MODEL_FILE = {model_name!r}",
-        f"MODEL_KWARGS: dict[str, Any] = {model_kwargs!r}",
+        model_kwargs_line(model_kwargs),
         f"SEED = {seed!r}",
         f"OPTIMIZER = {optimizer!r}             # unless the model file defines optimizer(params)",
         f"WORLD = {program.world}",
@@ -189,6 +203,12 @@ def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: 
         f"NODE_SIZES: tuple[int, ...] = {literal(_node_sizes(program, cluster))}",
     ]
     return "\n".join(lines)
+
+
+def model_kwargs_line(model_kwargs: dict[str, Any] | None) -> str:
+    """``MODEL_KWARGS``, keys sorted: plan.json stores them sorted, so a program emitted from a
+    loaded plan and one written by ``hapc compile`` (``--set`` order) read the same."""
+    return f"MODEL_KWARGS: dict[str, Any] = {dict(sorted((model_kwargs or {}).items()))!r}"
 
 
 def _value_order(program: DistProgram) -> dict[str, int]:
@@ -428,7 +448,7 @@ def _redistribute(program: DistProgram, step: Redistribute, names: _Names, clust
         return [f"    # {what}, all-gather ({form}); backward reduce-scatters",
                 f"    {y} = rt.all_gather({x}, {step.src!r}, {method!r})"]
     if isinstance(src, Partial) and isinstance(dst, Replicate):
-        return [f"    # {what}, all-reduce ({'hierarchical' if form == HIER else 'flat'}); backward all-reduces",
+        return [f"    # {what}, all-reduce ({'hierarchical' if form == runtime_facts.hierarchical() else 'flat'}); backward all-reduces",
                 f"    {y} = rt.all_reduce({x}, {method!r})"]
     if isinstance(src, Partial) and isinstance(dst, Shard):
         return [f"    # {what}, reduce-scatter ({form}); backward all-gathers",
@@ -461,7 +481,8 @@ def _method(program: DistProgram, step: Redistribute, cluster: Any) -> str:
 
 
 def _uses_hierarchical(program: DistProgram, cluster: Any) -> bool:
-    return any(isinstance(s, Redistribute) and runtime_facts.method_of(_method(program, s, cluster)) == HIER
+    hier = runtime_facts.hierarchical()
+    return any(isinstance(s, Redistribute) and runtime_facts.method_of(_method(program, s, cluster)) == hier
                for s in program.steps)
 
 

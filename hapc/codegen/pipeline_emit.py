@@ -13,6 +13,15 @@ a view's target size, a shard's piece lengths (the shares re-rounded on the micr
 the one-stage emitter rounds them on the batch), a local op's global shapes — is the
 micro-batch's, exactly as torch.export saw it.
 
+That trace needs torch, seconds of an emit that otherwise needs none, so it is done once:
+:meth:`hapc.plan.Plan.save` records in plan.json what differs from the whole-batch graph
+(:func:`micro_batch_record`: the values whose shapes change, the nodes whose arguments do,
+and the loss's reduction, which is read from torch's op schema), and emitting from a plan
+that holds the record for its micro-batch rebuilds the graph from it without torch
+(:func:`micro_batch_graph`). A program emitted from the record has no constants.pt: like a
+one-stage program emitted from plan.json, it recovers lifted constants from the model at
+start-up.
+
 **What runs where.** A redistribution belongs to the stage of the node that consumes it (the
 cost model charges it there too). A stage's forward reads its sources (the parameters,
 buffers, constants and inputs its steps read) and, from the stage before it, every value
@@ -22,18 +31,15 @@ whole (see :mod:`hapc.runtime.pipeline` for the layouts at a cut).
 
 from __future__ import annotations
 
-import ast
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from hapc.codegen import emitter
 from hapc.errors import UserError
-from hapc.ir.graph import Graph
+from hapc.ir.graph import Graph, TensorMeta, TorchFacts, Value, _from_jsonable, _jsonable
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute
 from hapc.codegen import runtime_facts
@@ -44,15 +50,16 @@ if TYPE_CHECKING:
 SOURCE_KINDS = ("param", "buffer", "constant", "input")
 
 
-def emit_pipeline(plan: Plan, out_dir: str | Path) -> Path:
-    """Write ``out_dir/program.py`` for a pipelined ``plan`` (and the files beside it)."""
+def emit_pipeline(plan: Plan, out_dir: str | Path, micro: MicroTrace | None = None) -> Path:
+    """Write ``out_dir/program.py`` for a pipelined ``plan`` (and the files beside it);
+    ``micro``: its micro-batch graph when the caller has it already."""
     pipe = plan.pipeline
     assert pipe is not None
-    micro = micro_batch_graph(plan)
+    micro = micro if micro is not None else micro_batch_graph(plan)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model_name = _copy_files(plan.model["file"], out, micro.graph, micro.constants)
-    source = render_pipeline(plan, micro.graph, model_name)
+    source = render_pipeline(plan, micro.graph, model_name, micro.loss_reduction)
     path = out / "program.py"
     path.write_text(source)
     return path
@@ -62,30 +69,85 @@ def emit_pipeline(plan: Plan, out_dir: str | Path) -> Path:
 
 @dataclass
 class MicroTrace:
+    """The plan's graph at one micro-batch, what the program's loss reduces with, and the
+    constants the micro-batch trace lifted (none when rebuilt from plan.json's record)."""
+
     graph: Graph
     constants: dict
+    loss_reduction: str = "mean"
+    rows: int = 0                 # samples per micro-batch
+    record: dict[str, Any] = field(default_factory=dict)    # see micro_batch_record
 
 
 def micro_batch_graph(plan: Plan) -> MicroTrace:
-    """The model traced at one micro-batch (precision applied), checked node for node against
-    the plan's whole-batch graph."""
-    from hapc.ir.precision import autocast_graph
-    from hapc.modelfile import load_model_file
+    """The plan's graph at one micro-batch: rebuilt from the plan's record when it holds one
+    for this micro-batch, else the model traced at one micro-batch (precision applied),
+    checked node for node against the plan's whole-batch graph."""
+    rows = _micro_batch_rows(plan)
+    record = plan.microbatch_record
+    if record is not None and record.get("rows") == rows:
+        return MicroTrace(_graph_from_record(plan.graph, record), {}, record["loss_reduction"], rows, record)
+    return _traced_micro_batch(plan, rows)
+
+
+def _micro_batch_rows(plan: Plan) -> int:
     from synth.stages import batch_size
 
     m = plan.pipeline.microbatches
     batch = batch_size(plan.graph)
     if batch % m:
         raise UserError(f"--microbatches {m} does not divide the batch of {batch} samples")
+    return batch // m
+
+
+def _traced_micro_batch(plan: Plan, rows: int) -> MicroTrace:
+    from hapc.ir.precision import autocast_graph
+    from hapc.modelfile import load_model_file
+    from synth.stages import batch_size
+
+    batch = batch_size(plan.graph)
     mf = load_model_file(plan.model["file"], plan.model.get("kwargs") or {})
-    inputs = tuple(x.narrow(0, 0, batch // m) if x.dim() and x.shape[0] == batch else x for x in mf.build_inputs())
+    inputs = tuple(x.narrow(0, 0, rows) if x.dim() and x.shape[0] == batch else x for x in mf.build_inputs())
     traced = _trace(mf, inputs)
     graph = autocast_graph(traced.graph, plan.precision.name)
-    _check_same_structure(plan.graph, graph, batch, batch // m)
-    return MicroTrace(graph, traced.constants)
+    _check_same_structure(plan.graph, graph, batch, rows)
+    reduction = loss_reduction(graph)
+    return MicroTrace(graph, traced.constants, reduction, rows, _record(plan.graph, graph, rows, reduction))
 
 
-def _trace(mf: Any, inputs: tuple[torch.Tensor, ...]):
+def _record(whole: Graph, micro: Graph, rows: int, reduction: str) -> dict[str, Any]:
+    """What ``micro`` changes of ``whole`` (same structure), JSON-ready: values with other
+    metadata, nodes with other arguments, torch's facts when they differ."""
+    values = {name: [list(v.meta.shape), v.meta.dtype, v.kind, v.target, v.requires_grad]
+              for name, v in micro.values.items() if v != whole.values[name]}
+    nodes = {b.name: [_jsonable(b.args), _jsonable(b.kwargs), b.mutates]
+             for a, b in zip(whole.nodes, micro.nodes)
+             if (a.args, a.kwargs, a.mutates) != (b.args, b.kwargs, b.mutates)}
+    out: dict[str, Any] = {"rows": rows, "loss_reduction": reduction, "values": values, "nodes": nodes}
+    if micro.torch_facts != whole.torch_facts and micro.torch_facts is not None:
+        out["torch_facts"] = micro.torch_facts.to_dict()
+    return out
+
+
+def _graph_from_record(whole: Graph, record: dict[str, Any]) -> Graph:
+    """``whole`` with the record's changes (see :func:`_record`)."""
+    values = dict(whole.values)
+    for name, (shape, dtype, kind, target, requires_grad) in record["values"].items():
+        values[name] = Value(name, TensorMeta(tuple(shape), dtype), kind, target, requires_grad)
+    changed = record["nodes"]
+    nodes = []
+    for node in whole.nodes:
+        if node.name in changed:
+            args, kwargs, mutates = changed[node.name]
+            node = replace(node, args=tuple(_from_jsonable(a) for a in args),
+                           kwargs={k: _from_jsonable(v) for k, v in kwargs.items()}, mutates=mutates)
+        nodes.append(node)
+    facts = TorchFacts.from_dict(record["torch_facts"]) if "torch_facts" in record else whole.torch_facts
+    return Graph(values, nodes, list(whole.inputs), list(whole.params), list(whole.buffers), whole.output,
+                 dict(whole.unsupported), facts)
+
+
+def _trace(mf: Any, inputs: tuple):
     """Trace on the meta device, with real tensors when that leaves constants without data."""
     from hapc.tracer import trace
 
@@ -203,8 +265,9 @@ def _producers(graph: Graph) -> dict[str, int]:
 
 # ---- rendering ---------------------------------------------------------------------------------
 
-def render_pipeline(plan: Plan, graph: Graph, model_name: str) -> str:
-    """The text of a pipelined ``program.py``."""
+def render_pipeline(plan: Plan, graph: Graph, model_name: str, reduction: str | None = None) -> str:
+    """The text of a pipelined ``program.py`` (``reduction``: the loss's, see :func:`loss_reduction`;
+    read from ``graph`` when not given)."""
     from costmodel.groups import sub_cluster
 
     pipe = plan.pipeline
@@ -228,7 +291,7 @@ def render_pipeline(plan: Plan, graph: Graph, model_name: str) -> str:
             if graph.values[name].kind == "param":
                 holders.setdefault(name, []).append(k)
     body = "\n".join([
-        _globals(plan, graph, model_name, pipe, holders),
+        _globals(plan, graph, model_name, pipe, holders, reduction or loss_reduction(graph)),
         emitter._precision_tables(plan.precision),
         "",
         "# One table per stage: its group's global ranks, its SPMD tables at micro-batch shapes",
@@ -245,26 +308,22 @@ def render_pipeline(plan: Plan, graph: Graph, model_name: str) -> str:
         "",
         f"STAGE_FORWARDS = ({', '.join(f'stage_{k}' for k in range(len(codes)))},)",
     ])
-    skeleton = emitter.SKELETON.read_text()
-    head, rest = skeleton.split(emitter.BEGIN, 1)
-    _, tail = rest.split(emitter.END, 1)
-    doc_end = ast.parse(skeleton).body[0].end_lineno
-    head = "\n".join(head.splitlines()[doc_end:])
+    head, tail = emitter.skeleton_parts()
     return _docstring(plan, model_name) + head.rstrip("\n") + "\n\n" + emitter.BEGIN + "\n" + body + "\n" + \
         emitter.END + tail
 
 
-def _globals(plan: Plan, graph: Graph, model_name: str, pipe: Any, holders: dict[str, list[int]]) -> str:
+def _globals(plan: Plan, graph: Graph, model_name: str, pipe: Any, holders: dict[str, list[int]],
+             reduction: str) -> str:
     from synth.stages import batch_size
 
     whole = plan.graph
     batch, m = batch_size(whole), pipe.microbatches
     split = tuple(bool(graph.meta(x).shape) and whole.meta(x).shape[0] == batch and graph.meta(x).shape[0] != batch
                   for x in graph.inputs)
-    reduction = loss_reduction(graph)
     lines = [
         f"MODEL_FILE = {model_name!r}",
-        f"MODEL_KWARGS: dict[str, Any] = {dict(plan.model.get('kwargs') or {})!r}",
+        emitter.model_kwargs_line(plan.model.get("kwargs")),
         "SEED = 0",
         f"OPTIMIZER = {plan.model.get('optimizer', 'adamw')!r}             # unless the model file defines optimizer(params)",
         f"WORLD = {plan.cluster.world}",
@@ -320,6 +379,8 @@ def loss_reduction(graph: Graph) -> str:
         return "mean"
     if node.op.startswith("aten.sum."):
         return "sum"
+    import torch
+
     try:
         ns, packet, overload = node.op.split(".", 2)
         schema = getattr(getattr(getattr(torch.ops, ns), packet), overload)._schema
@@ -354,7 +415,7 @@ def _stage_table(k: int, code: _StageCode, crossing: list[list[str]], codes: lis
                      for b in crossing[k + 1])
     needs = {n: (b, _layout_code(layouts[n])) for n, b in code.needs.items()}
     hierarchical = any(runtime_facts.method_of(emitter._method(program, s, code.cluster))
-                       == emitter.HIER for s in code.steps if isinstance(s, Redistribute))
+                       == runtime_facts.hierarchical() for s in code.steps if isinstance(s, Redistribute))
     first_name, last_name = graph.nodes[code.first].name, graph.nodes[code.stop - 1].name
     fields = {
         "ranks": code.ranks,
@@ -453,10 +514,12 @@ def _copy_files(model_file: str, out: Path, graph: Graph, constants: dict | None
     used = {graph.values[n].target for n in graph.values if graph.values[n].kind == "constant"}
     with_data = {k: t for k, t in (constants or {}).items() if k in used and not t.is_meta}
     if with_data:
+        import torch        # the constants are tensors: torch is loaded already
+
         torch.save(with_data, out / "constants.pt")
     else:
         (out / "constants.pt").unlink(missing_ok=True)
     return model_name
 
 
-__all__ = ["emit_pipeline", "loss_reduction", "micro_batch_graph", "on_graph", "render_pipeline"]
+__all__ = ["MicroTrace", "emit_pipeline", "loss_reduction", "micro_batch_graph", "on_graph", "render_pipeline"]

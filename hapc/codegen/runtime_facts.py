@@ -8,12 +8,19 @@ one. The emitter only needs a few plain facts from them: which implementation a 
 variant name maps to, and which local ops are generators (the program drives those through
 ``rt.drive``). Those are read from the same files that get copied, so there is one source of
 truth; tests/test_emit_torch_free.py checks them against the imported modules.
+
+Parsing a whole runtime file costs 15-50 ms, a tenth of a replan's budget for its program;
+so only the top-level statements asked about are parsed (a local op's definition, the
+module's assignments), cut from the text at the lines that start a top-level statement. A cut
+made in the wrong place leaves an open bracket or string, which does not parse: then the
+whole file is parsed, as before.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +52,34 @@ def method_of(name: str) -> str:
 @functools.cache
 def _local_ops() -> dict[str, bool]:
     """Each ``@local_op`` function's name -> whether it is a generator function."""
-    tree = ast.parse(LOCAL_OPS.read_text(), str(LOCAL_OPS))
-    return {fn.name: _is_generator(fn) for fn in tree.body if isinstance(fn, ast.FunctionDef)
+    return _local_ops_in(ast.parse(LOCAL_OPS.read_text(), str(LOCAL_OPS)).body)
+
+
+def _local_ops_in(statements: list[ast.stmt]) -> dict[str, bool]:
+    return {fn.name: _is_generator(fn) for fn in statements if isinstance(fn, ast.FunctionDef)
             and any(isinstance(d, ast.Name) and d.id == "local_op" for d in fn.decorator_list)}
+
+
+@functools.cache
+def _local_op(name: str) -> bool:
+    """Whether the local op ``name`` is a generator, from its definition alone when that can be
+    cut out of the file cleanly (one top-level ``def name(`` with its decorators), else from
+    the whole file; a KeyError when the runtime has no such local op."""
+    chunk = _definition(_local_op_chunks(), name)
+    if chunk is not None:
+        try:
+            statements = ast.parse(chunk).body
+        except SyntaxError:
+            statements = []
+        if len(statements) == 1 and isinstance(statements[0], ast.FunctionDef) and statements[0].name == name:
+            return _local_ops_in(statements)[name]
+    return _local_ops()[name]
 
 
 def is_generator_local_op(name: str) -> bool:
     """Whether the local op ``name`` yields collectives (and so runs under ``rt.drive``); a
     KeyError names an op the runtime does not define."""
-    return _local_ops()[name]
+    return _local_op(name)
 
 
 def _is_generator(fn: ast.FunctionDef) -> bool:
@@ -72,8 +98,22 @@ def _is_generator(fn: ast.FunctionDef) -> bool:
 def _module_constants(path: Path) -> dict[str, Any]:
     """The module-level names of ``path`` bound to literals (strings, numbers, tuples, lists,
     dicts) or to earlier such names, as Python would bind them; other statements are skipped."""
+    text = path.read_text()
+    try:
+        statements = _assignments(text)
+    except SyntaxError:         # a chunk cut inside a bracket or a string: read the whole file
+        statements = ast.parse(text, str(path)).body
+    return _constants_of(statements)
+
+
+def _assignments(text: str) -> list[ast.stmt]:
+    """The module's top-level assignments, each parsed from its own chunk of ``text``."""
+    return [stmt for chunk in _top_level_chunks(text) if _ASSIGNMENT.match(chunk) for stmt in ast.parse(chunk).body]
+
+
+def _constants_of(statements: list[ast.stmt]) -> dict[str, Any]:
     env: dict[str, Any] = {}
-    for stmt in ast.parse(path.read_text(), str(path)).body:
+    for stmt in statements:
         if isinstance(stmt, ast.Assign):
             targets, value = stmt.targets, stmt.value
         elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
@@ -87,6 +127,45 @@ def _module_constants(path: Path) -> dict[str, Any]:
         for target in targets:
             _bind(target, result, env)
     return env
+
+
+# ---- cutting a module's text into its top-level statements ----------------------------------
+
+# A line that starts a top-level statement: not indented, not blank, not a comment, not the
+# closing bracket of a statement that began above.
+_STATEMENT_START = re.compile(r"^(?![\s#)\]}])", re.MULTILINE)
+# The first line of an assignment to names (``A = ...``, ``A, B = ...``, ``A: T = ...``).
+_ASSIGNMENT = re.compile(r"[A-Za-z_]\w*(\s*,\s*[A-Za-z_]\w*)*\s*(:[^=\n]*)?=(?!=)")
+
+
+def _top_level_chunks(text: str) -> list[str]:
+    """The module's text after its docstring, cut where top-level statements start (decorators
+    start their definition's chunk)."""
+    start = 0
+    if text.startswith('"""'):
+        start = text.index('"""', 3) + 3
+    starts = [m.start() for m in _STATEMENT_START.finditer(text, start)] + [len(text)]
+    chunks, begin = [], None
+    for a, b in zip(starts, starts[1:]):
+        if begin is None:
+            begin = a
+        if not text.startswith("@", a):     # a decorator belongs to what follows it
+            chunks.append(text[begin:b])
+            begin = None
+    return chunks
+
+
+@functools.cache
+def _local_op_chunks() -> tuple[str, ...]:
+    return tuple(_top_level_chunks(LOCAL_OPS.read_text()))
+
+
+def _definition(chunks: tuple[str, ...], name: str) -> str | None:
+    """The text of the one top-level ``def name(...)`` (with its decorators) among ``chunks``,
+    or None when there is none or several."""
+    found = [c for c in chunks
+             if re.match(rf"(@[^\n]*\n(\s*#[^\n]*\n|\s*\n)*)*def\s+{re.escape(name)}\s*\(", c)]
+    return found[0] if len(found) == 1 else None
 
 
 def _evaluate(node: ast.AST, env: dict[str, Any]) -> Any:

@@ -215,17 +215,25 @@ class Graph:
 
     @staticmethod
     def from_dict(d: dict) -> Graph:
+        # Frozen metadata and source lines repeat (a 48-layer GPT: 1,840 values of 17 shapes,
+        # 1,066 nodes from 13 source lines): one object each, not one per value or node.
+        metas: dict[tuple, TensorMeta] = {}
+        locs: dict[tuple, SourceLoc] = {}
         values = {}
         for name, shape, dtype, kind, target, rg in d["values"]:
-            values[name] = Value(name, TensorMeta(tuple(shape), dtype), kind, target, rg)
+            key = (tuple(shape), dtype)
+            meta = metas.get(key) or metas.setdefault(key, TensorMeta(*key))
+            values[name] = Value(name, meta, kind, target, rg)
         costs, sources, mutates = d.get("costs", {}), d.get("sources", {}), d.get("mutates", {})
         nodes = []
         for name, op, args, kwargs, outs in d["nodes"]:
             src = sources.get(name)
+            loc = None
+            if src:
+                loc = locs.get(key := tuple(src)) or locs.setdefault(key, SourceLoc(*src))
             nodes.append(Node(name, op, tuple(_from_jsonable(a) for a in args),
                               {k: _from_jsonable(v) for k, v in kwargs.items()}, tuple(outs),
-                              Cost(*costs[name]) if name in costs else Cost(),
-                              SourceLoc(*src) if src else None, mutates.get(name)))
+                              Cost(*costs[name]) if name in costs else Cost(), loc, mutates.get(name)))
         facts = TorchFacts.from_dict(d["torch_facts"]) if "torch_facts" in d else None
         return Graph(values, nodes, list(d["inputs"]), list(d["params"]), list(d["buffers"]), d["output"],
                      dict(d.get("unsupported", {})), facts)

@@ -1,0 +1,135 @@
+"""The stage planner's exact DPs (synth/stagedp.py): one self-looped layer for every stage
+count from ``max(m, 2)`` up gives the very values, bottlenecks and fronts of one layer per
+count, and the walks give back stage lists that cost what the DP says."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from costmodel.cluster import load_cluster
+from synth import stagedp
+
+REPO = Path(__file__).resolve().parent.parent
+GPT = {"layers": 4, "hidden": 64, "heads": 4, "seq": 32, "vocab": 101, "batch": 16, "dropout": 0.0}
+
+
+class _EveryCount(stagedp.StageProblem):
+    """The same problem with one layer per stage count (no self-loop): the reference."""
+
+    @property
+    def top(self) -> int:
+        return self.max_stages
+
+
+def _problems(load_model, cluster_name: str, memory_bytes: float | None):
+    import torch
+
+    from hapc.tracer import trace
+    from synth.stages import StagePlanner
+
+    mod = load_model("gpt")
+    with torch.device("meta"):
+        model = mod.model(**GPT)
+    traced = trace(model, tuple(t.to("meta") for t in mod.inputs(**GPT)))
+    cluster = load_cluster(str(REPO / "configs" / "clusters" / cluster_name))
+    if memory_bytes:
+        cluster = replace(cluster, devices=[replace(d, memory_bytes=memory_bytes) for d in cluster.devices])
+    planner = StagePlanner(traced.graph, cluster)
+    out = []
+    for nodes in planner.device_orders():
+        positions, starts = planner.groups_of(nodes)
+        for m in planner.microbatch_counts([g for gs in starts.values() for g in gs]):
+            out.append(planner._problem(nodes, positions, starts, m, None, False))
+    return out
+
+
+@pytest.mark.parametrize("cluster_name, memory_bytes", [("small-mixed.yaml", 1.3e6),        # four stages bind memory
+                                                        ("cpu-2nodes-2x2.yaml", 1.6e6)])    # three, 16 micro-batches
+def test_collapsed_stage_counts_solve_every_problem_alike(load_model, cluster_name, memory_bytes):
+    problems = _problems(load_model, cluster_name, memory_bytes)
+    assert any(prob.looped for prob in problems) and any(not prob.looped for prob in problems)
+    for prob in problems:
+        ref = _EveryCount(**{f: getattr(prob, f) for f in ("m", "n_pos", "n_cuts", "arcs", "max_stages", "ks",
+                                                           "gpipe_memory", "steps")})
+        assert stagedp.least_bottleneck(prob) == stagedp.least_bottleneck(ref)
+        caps = prob.steps[np.linspace(0, len(prob.steps) - 1, 4).astype(int)]
+        value, pick_arc, pick_cut, pick_loop = stagedp.cap_dp(prob, caps)
+        ref_value = stagedp.cap_dp(ref, caps)[0]
+        for b, cap in enumerate(caps):
+            least = min(value[k, b, 0, 0] for k in prob.layers())
+            assert least == min(ref_value[k, b, 0, 0] for k in ref.layers())
+            if not np.isfinite(least):
+                continue
+            k = min(prob.layers(), key=lambda k: value[k, b, 0, 0])
+            chosen = stagedp._walk(prob, pick_arc, pick_cut, pick_loop, b, k)
+            assert len(chosen) >= 2 and chosen[0][1] == 0 and chosen[-1][2] == prob.n_cuts - 1
+            assert all(arc.gate[i, j] <= cap for arc, i, j in chosen)
+            assert sum(arc.cost[i, j] for arc, i, j in chosen) == pytest.approx(least, rel=1e-12)
+            if b < len(caps) - 1:
+                continue                 # the front DP once per problem, at the loosest cap
+            exact = stagedp.pareto_dp(prob, float(cap), np.inf)
+            ref_exact = stagedp.pareto_dp(ref, float(cap), np.inf)
+            assert (exact is None) == (ref_exact is None)
+            if exact is not None:
+                assert exact[0] == pytest.approx(ref_exact[0], rel=1e-12)
+                v, chosen = exact
+                assert stagedp.pipeline_sum(chosen) + stagedp.tail_excess(chosen) == pytest.approx(v, rel=1e-12)
+
+
+def test_groups_synthesised_in_a_child_match_the_serial_ones(load_model, monkeypatch):
+    """The groups' programs and profiles are shared with a forked child (synth.stages
+    start_groups, synth.sharedwork): the plan, the programs and every profile are those found
+    one after the other."""
+    import torch
+
+    from hapc.forked import spare_core
+    from hapc.tracer import trace
+    from synth.stages import StagePlanner, pipeline_even
+
+    if not spare_core():
+        pytest.skip("one core: no child to compare")
+    mod = load_model("gpt")
+    with torch.device("meta"):
+        model = mod.model(**GPT)
+    graph = trace(model, tuple(t.to("meta") for t in mod.inputs(**GPT))).graph
+    cluster = load_cluster(str(REPO / "configs" / "clusters" / "cpu-2nodes-2x2.yaml"))
+    import synth.sharedwork
+
+    children = []
+
+    class Spy(synth.sharedwork.SharedJobs):
+        def __init__(self, jobs):
+            super().__init__(jobs)
+            children.append(self.forked)
+
+    monkeypatch.setattr(synth.sharedwork, "SharedJobs", Spy)
+    planners, plans = [], []
+    for serial in (True, False):
+        if serial:
+            monkeypatch.setenv("HAPC_SERIAL", "1")
+        else:
+            monkeypatch.delenv("HAPC_SERIAL")
+        planner = StagePlanner(graph, cluster)
+        even = pipeline_even(planner)
+        assert children[-1] is (not serial)
+        planners.append(planner)
+        plans.append((even.iteration_seconds, planner.plan()))
+    (even_a, a), (even_b, b) = plans
+    assert even_a == even_b and a.iteration_seconds == b.iteration_seconds
+    assert [(s.first_node, s.stop_node, s.ranks) for s in a.stages] == [(s.first_node, s.stop_node, s.ranks) for s in b.stages]
+    assert a.search["group_syntheses"] == b.search["group_syntheses"] == len(planners[0]._programs)
+    for key, program in planners[0]._programs.items():
+        assert planners[1]._programs[key].steps == program.steps
+    baselines = [p.baseline_planner() for p in planners]
+    assert baselines[0]._programs.keys() == baselines[1]._programs.keys() and baselines[0]._programs
+    for key, program in baselines[0]._programs.items():
+        assert baselines[1]._programs[key].steps == program.steps
+    assert planners[0]._profiles.keys() == planners[1]._profiles.keys()
+    for key, prof in planners[0]._profiles.items():
+        other = planners[1]._profiles[key]
+        assert all(np.array_equal(getattr(prof, f), getattr(other, f))
+                   for f in ("fwd_compute", "bwd_compute", "fwd_comm", "bwd_comm", "static_bytes", "activation_bytes"))
