@@ -116,7 +116,7 @@ def trace_repeated(model: nn.Module, inputs: Sequence[Any],
             # other core while this process traces 2 (hapc.forked; here, when there is no
             # spare core or the child fails). Only the child's small graph comes back.
             with _gc_frozen():
-                if single_threaded():
+                if may_fork():
                     three = Beside(_reads_announced(lambda: short_graph(3)[:2]))
                 g2, layout2, constants = short_graph(2)
                 if meanwhile is not None and three is not None and three.forked:
@@ -138,11 +138,12 @@ def trace_repeated(model: nn.Module, inputs: Sequence[Any],
         return None
 
 
-def single_threaded() -> bool:
-    """Whether this process may fork a child that uses torch or logging: a child gets only the
-    thread that forked, so a lock another Python thread held then (a notebook's threads, a
-    logging handler's) would never be released in it."""
-    return threading.active_count() == 1
+def may_fork() -> bool:
+    """Whether this process may fork a child that traces: a child gets only the thread that
+    forked, so a lock another Python thread held then (a notebook's threads, a logging
+    handler's) would never be released in it; and it cannot use the parent's CUDA context (a
+    model file that built on the GPU)."""
+    return threading.active_count() == 1 and not torch.cuda.is_initialized()
 
 
 @contextlib.contextmanager

@@ -107,11 +107,14 @@ def _traced_model(args: argparse.Namespace, overrides: dict, say):
             print(f"hapc: note: {msg}", file=sys.stderr)
 
     def trace():
-        mf = load_model_file(args.model, overrides)
         with _transient(f"tracing {args.model}", quiet=getattr(args, "quiet", False)):
-            from hapc.torchimport import import_for_tracing
+            if Path(args.model).is_file():    # else the loader says what is wrong, at once
+                from hapc.torchimport import import_for_tracing
 
-            import_for_tracing()          # seconds of imports, without the collector's passes over them
+                # Before the model file, which imports torch itself: seconds of imports,
+                # without the collector's passes over them.
+                import_for_tracing()
+            mf = load_model_file(args.model, overrides)
             from hapc.tracer import trace
 
             return _trace_model_file(mf, trace)

@@ -644,7 +644,7 @@ class StoreBeside:
 
         self._done: tuple[Path | None] | None = None
         # Not beside other Python threads: one of them may hold a lock the child would need
-        # (see hapc.blocktrace.single_threaded); then it is written here and now.
+        # (see hapc.blocktrace.may_fork); then it is written here and now.
         self._writing = Beside(store) if threading.active_count() == 1 else None
         if self._writing is None:
             self._finish(*store())
