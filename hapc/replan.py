@@ -52,6 +52,7 @@ Whichever simulates fastest and fits wins; a tie keeps the old program.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -452,7 +453,10 @@ def _replan(old: Plan, cluster: Cluster, survivors: Sequence[int] | None, effort
         info = dict(old.search)           # the program is the old search's
     info["replan"] = {"from": old.cluster.name or f"{old.cluster.world} devices",
                       "kept_program": chosen.name == "kept", "effort": effort}
-    plan = Plan(chosen.program, cluster, chosen.simulation(), name, baselines, info, dict(old.model))
+    # The old plan's numerics carry over (the graph is already autocast to them); TF32 is as the
+    # new cluster file says, as hapc compile records it (hapc.api._assumed).
+    precision = dataclasses.replace(old.precision, allow_tf32=cluster.allow_tf32)
+    plan = Plan(chosen.program, cluster, chosen.simulation(), name, baselines, info, dict(old.model), precision)
     # The old program's time on the new cluster: re-balanced when it led, a floor when it was not simulated.
     carried = min(_carried(c) for c in (kept, candidates.get("kept")) if c is not None) if kept is not None else floor
     return Replanned(plan, chosen.name == "kept", effort, time.perf_counter() - started, old.recorded_seconds, carried,

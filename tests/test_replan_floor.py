@@ -118,3 +118,19 @@ def test_work_while_searching_runs_once_only_while_the_child_searches(monkeypatc
     hapc.replan.replan(old, new, survivors=survivors, effort="search", while_searching=lambda: calls.append(2))
     hapc.replan.replan(old, new, survivors=survivors, effort="quick", while_searching=lambda: calls.append(3))
     assert calls == [1]
+
+
+@pytest.mark.parametrize("effort", ["quick", "search"])
+def test_a_replan_keeps_the_old_plans_precision(effort):
+    """A bf16 plan replanned is a bf16 plan: its graph is already autocast, and the program
+    emitted from it must autocast too (the replanned plan once fell back to fp32). TF32 is
+    what the new cluster file says, as a compile records it."""
+    import dataclasses
+
+    from hapc.ir.precision import Precision
+
+    old, new, survivors = _zero3_onto_a_slow_network()
+    old = dataclasses.replace(old, precision=Precision("bf16", not new.allow_tf32, "fp32"))
+    done = hapc.replan.replan(old, new, survivors=survivors, effort=effort)
+    assert done.plan.precision == Precision("bf16", new.allow_tf32, "fp32")
+    assert Plan.from_dict(json.loads(json.dumps(done.plan.to_dict()))).precision.name == "bf16"
