@@ -9,7 +9,6 @@ import weakref
 
 import pytest
 import torch
-from torch import nn
 
 import hapc
 from costmodel import load_cluster
@@ -17,22 +16,11 @@ from synth.costs import Prices
 from synth.gcpause import gc_paused
 from synth.search import Searcher
 from synth.space import SearchSpace
+from test_elimination import Gate  # (several live values: its segment is eliminated)
 
 TWO_UNEVEN = {"nodes": [{"devices": [{"name": "a", "tflops": 0.3, "memory_GB": 8, "hbm_GBps": 30, "count": 1},
                                      {"name": "b", "tflops": 0.1, "memory_GB": 8, "hbm_GBps": 10, "count": 1}],
                          "intra_link": "loopback"}]}
-
-
-class Gate(nn.Module):
-    """Several values live at once: its segment is eliminated, which builds transfers."""
-
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Linear(8, 4, bias=False)
-
-    def forward(self, x):
-        p = torch.tanh(self.w(x))
-        return (p * x[:, :4]).sum() + p.mean()
 
 
 def test_gc_paused_restores_the_previous_state_also_on_error():
