@@ -11,7 +11,7 @@ the replan cache beside plan.json, see synth.reuse).
 
 Besides times, it records what a replan ran (searches and whole-program simulations, from
 the command's last line): counts that a loaded machine does not distort. ``--phases`` adds
-the CPU seconds of each step of one ``hapc replan --no-emit`` in a fresh process, serial
+the CPU seconds of each step of one ``hapc replan`` in a fresh process, serial
 (``HAPC_SERIAL=1``: the forked search's CPU counted in the planning step).
 """
 
@@ -69,7 +69,6 @@ def _counts(stdout: str) -> dict[str, int]:
 
 
 # One replan in steps, as hapc.cli's _cmd_replan takes them, with the CPU seconds of each.
-# "lp_imports" (numpy, HiGHS) is what a forked replan does while its child searches.
 _PHASES = """
 import json, sys, time
 clock = time.process_time
@@ -78,25 +77,25 @@ from pathlib import Path
 from costmodel.cluster_edit import surviving_ranks, without_devices
 from hapc import replan_cache
 from hapc.plan import Plan
-from hapc.replan import _lp_tools, replan
+from hapc.replan import replan
 from hapc.report import write_report
 t.append(clock())
 identity = replan_cache.file_identity(Path(sys.argv[1]))
 old = Plan.load(sys.argv[1]); t.append(clock())
 assert replan_cache.install_old(Path(sys.argv[1]), old.graph, print, identity) is not None; t.append(clock())
-_lp_tools(); t.append(clock())
 cluster = without_devices(old.cluster, [7])
 done = replan(old, cluster, survivors=surviving_ranks(old.cluster.world, [7])); t.append(clock())
 out = Path(sys.argv[2]); out.mkdir(parents=True, exist_ok=True)
 done.plan.save(out / "plan.json"); t.append(clock())
 write_report(done.plan, out); t.append(clock())
-names = ["imports", "plan_load", "replan_cache", "lp_imports", "planning", "plan_save", "report"]
+done.plan.emit(out); t.append(clock())
+names = ["imports", "plan_load", "replan_cache", "planning", "plan_save", "report", "emit"]
 print(json.dumps({n: round(b - a, 3) for n, a, b in zip(names, t, t[1:])}))
 """
 
 
 def _phases(plan: Path, out: Path) -> dict[str, float]:
-    """CPU seconds of each step of one replan (``--drop 7``, no program.py) in a fresh process."""
+    """CPU seconds of each step of one replan (``--drop 7``) in a fresh process."""
     env = dict(os.environ, HAPC_SERIAL="1")
     proc = subprocess.run([sys.executable, "-c", _PHASES, str(plan), str(out)], cwd=ROOT, env=env,
                           capture_output=True, text=True, check=True)

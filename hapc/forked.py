@@ -1,10 +1,10 @@
 """Run functions in a forked child on a spare core while this process does other work.
 
 ``hapc replan`` searches the new cluster under two overlap assumptions; each search and its
-simulation take about a quarter of the command's second and do not depend on each other, nor
-on the LP machinery (numpy, HiGHS) that re-balances the winner, so both run in one child, one
-after the other, while this process imports that machinery; the first result comes back as
-soon as it is made, and this process re-balances it while the child makes the second. A fork
+simulation take a good part of the command's time and do not depend on each other, so both
+run in one child, one after the other, while this process does what it can without them (it
+imports the program emitter); the first result comes back as soon as it is made, and this
+process re-balances it while the child makes the second. A fork
 shares the parent's memory (the graph, the cached strategies) without copying or pickling it;
 only the child's results come back, pickled through a pipe. Where there is no spare core, no
 ``fork`` (Windows), or ``HAPC_SERIAL`` is set in the environment, or the child fails in any

@@ -20,8 +20,10 @@ works from ``plan.json`` alone (it holds the graph: nothing is traced) and, by e
 
 **Time.** ``hapc replan`` has a second. The search gets each node's strategies from the
 cache the compile wrote beside plan.json (:mod:`synth.reuse`: the sharding rules would import
-torch), the LP runs on ``highspy`` (:mod:`synth.lp_highspy`: not scipy.optimize), and only
-the leading candidate is re-balanced. Simulations of the 1066-node program of a 48-layer GPT
+torch), the re-balance's LP is solved in closed form (:mod:`synth.waterfill`: one segment
+is water-filling; the LP itself, on ``highspy``, only where that cannot settle it, such as a
+binding memory limit), so a replan imports no numpy, and only the leading candidate is
+re-balanced. Simulations of the 1066-node program of a 48-layer GPT
 are most of what is left, so a replan avoids them where a cheaper fact decides:
 
 * the old program's collectives alone (:mod:`costmodel.comm_floor`, no timeline) often
@@ -31,9 +33,8 @@ are most of what is left, so a replan avoids them where a cheaper fact decides:
 * both overlaps' searches run one after the other in a forked child when a core is spare
   (:mod:`hapc.forked`), each program sent back as soon as it is simulated, with the
   figures ranking and the LP read (:class:`Figures`: not the timeline). Meanwhile this
-  process imports the LP machinery (numpy and HiGHS: a fifth of a second, so nothing on the
-  way to the fork imports numpy) and then re-balances the first search's program, which
-  usually leads, while the child makes the second;
+  process imports the program emitter and then re-balances the first search's program,
+  which usually leads, while the child makes the second;
 * whether a program fits is asked only of one that could win on time, and a searched
   program that cannot lead comes back from the child as its time only;
 * the cyclic garbage collector is paused (:func:`synth.gcpause.gc_paused`), and the
@@ -70,8 +71,10 @@ from hapc.ir.program import DistProgram
 from hapc.plan import Plan
 from synth.costs import Prices
 from synth.gcpause import gc_paused
+from synth.loads import MemoryInfeasible, device_loads, with_shares
 from synth.search import SearchResult, search, to_program
 from synth.space import SearchSpace
+from synth.waterfill import fill_shares
 
 if TYPE_CHECKING:
     from costmodel.memory import MemoryReport
@@ -107,7 +110,7 @@ def carry_shares(old: Sequence[float], survivors: Sequence[int] | None, cluster:
     """Starting shares on the new cluster: the survivors' old shares (``survivors`` gives each
     new rank's old rank), each scaled by how much its device's FLOPS changed (a slowed device
     starts with less) when ``old_cluster`` is given, renormalised; or the new devices' FLOPS
-    shares when the devices are new. Plain floats: numpy waits for the LP (:func:`_lp_tools`)."""
+    shares when the devices are new. Plain floats: a replan imports no numpy (see :func:`rebalance`)."""
     if survivors is None or len(survivors) != cluster.world:
         return tuple(cluster.flops_shares())
     kept = [float(old[r]) for r in survivors]
@@ -124,17 +127,16 @@ def carry_shares(old: Sequence[float], survivors: Sequence[int] | None, cluster:
 
 @functools.cache
 def _lp_tools():
-    """The LP machinery a re-balance needs, imported on first use: ``synth.loads``,
-    ``synth.ratios`` and HiGHS bring numpy, a fifth of a second of imports, which a replan
-    makes while its child searches (see :class:`_SearchRound`) rather than before. Returns
-    ``(share_problem, with_shares, solve_shares, LP backend)``; the backend is HiGHS through
-    ``highspy`` when it is there, not through scipy.optimize, whose import alone is a third
-    of replan's second (the shares are the same; see synth.lp_highspy)."""
+    """The ratio LP, for the re-balances the closed form does not settle
+    (:func:`synth.waterfill.fill_shares`: a memory limit that binds, say): imported on first use,
+    since ``synth.ratios`` and HiGHS bring numpy, a fifth of a second of imports that most
+    replans never make. Returns ``(solve_shares, LP backend)``; the backend is HiGHS through
+    ``highspy`` when it is there, not through scipy.optimize, whose import alone is a third of
+    replan's second (the shares are the same; see synth.lp_highspy)."""
     from synth import lp_highspy
-    from synth.loads import share_problem, with_shares
     from synth.ratios import solve_shares
 
-    return share_problem, with_shares, solve_shares, "highspy" if lp_highspy.available() else "highs"
+    return solve_shares, "highspy" if lp_highspy.available() else "highs"
 
 
 def rebalance(program: DistProgram, shares: Sequence[float], cluster: Cluster,
@@ -144,15 +146,15 @@ def rebalance(program: DistProgram, shares: Sequence[float], cluster: Cluster,
     when those simulate faster), and its simulation (``start_sim`` when ``shares`` won).
     ``start_sim`` is ``program``'s simulation at ``shares``, or its :class:`Figures`, when
     the caller has it. Raises MemoryInfeasible when it cannot fit at any shares."""
-    from synth.ratios import MemoryInfeasible
-
-    share_problem, with_shares, solve_shares, backend = _lp_tools()
     start = with_shares(program, shares)
     if start_sim is None:
         start_sim = _simulate(start, cluster, optimizer)
-    problem = share_problem(start, start_sim, cluster, optimizer, cache=_prices(program.graph, cluster))
-    solution = solve_shares(problem, backend)
-    solved = tuple(float(x) for x in solution.shares.reshape(-1)[:cluster.world])
+    loads = device_loads(start, start_sim, cluster, optimizer, cache=_prices(program.graph, cluster))
+    solved = fill_shares(loads)
+    if solved is None:          # the closed form cannot tell: the LP decides
+        solve_shares, backend = _lp_tools()
+        solution = solve_shares(loads.problem(), backend)
+        solved = tuple(float(x) for x in solution.shares.reshape(-1)[:cluster.world])
     moved = with_shares(program, solved)
     sim: SimResult | Figures = _simulate(moved, cluster, optimizer)
     if _faster(start_sim, sim):
@@ -270,9 +272,8 @@ class _SearchRound:
     spare core they start at once, one after the other in a forked child (see hapc.forked),
     before the caller knows whether it will want them: ``auto`` may decide from a simulation
     of the old program, which then runs beside them instead of before; :meth:`cancel` stops
-    them when the answer is no. Meanwhile this process imports the LP machinery (numpy: see
-    :func:`_lp_tools`) and then re-balances the first search's program while the child makes
-    the second. What crosses the pipe is a program's steps, its :class:`Figures` and the
+    them when the answer is no. Meanwhile this process does the caller's ``while_searching``
+    work and then re-balances the first search's program while the child makes the second. What crosses the pipe is a program's steps, its :class:`Figures` and the
     search's figures: not the graph, and not the simulation's timeline (only the plan's own
     program needs one, and that is re-balanced, hence simulated again, here). A program
     that cannot lead the searched ones (:func:`costmodel.simulator.ahead` of the leader so
@@ -385,7 +386,7 @@ def _replan(old: Plan, cluster: Cluster, survivors: Sequence[int] | None, effort
         return _simulate(program, cluster, optimizer)
 
     # The searches start first, in a child, so that they run beside whatever this process does
-    # next (importing the LP machinery, at least); "auto" may still cancel them.
+    # next (the comm floor, the caller's while_searching); "auto" may still cancel them.
     round_ = _SearchRound(graph, shares, cluster, optimizer, simulate_here) if effort in ("auto", "search") else None
     kept: _Candidate | None = None
     floor = 0.0
@@ -421,10 +422,8 @@ def _replan(old: Plan, cluster: Cluster, survivors: Sequence[int] | None, effort
     if effort == "search":
         assert round_ is not None
         try:
-            if round_.forked:       # while the child searches (after auto decided: a cancelled child stops sooner)
-                _lp_tools()
-                if while_searching is not None and not round_.ready(0):
-                    while_searching()
+            if round_.forked and while_searching is not None and not round_.ready(0):
+                while_searching()   # while the child searches (after auto decided: a cancelled child stops sooner)
             candidates, info = _search_round(round_, kept, kept_program, floor, cluster, optimizer, shares,
                                              counts, say)
         finally:
@@ -482,8 +481,6 @@ def _rebalanced(cand: _Candidate, shares: Sequence[float], cluster: Cluster, opt
                 counts: _Counts) -> tuple[_Candidate, str]:
     """``cand`` re-balanced by the LP (:func:`rebalance`, from its figures), or as it was when
     it fits at no shares; and a progress line saying which."""
-    from synth.ratios import MemoryInfeasible
-
     who = "old" if cand.name == "kept" else "new"
     counts.share_lps += 1
     try:

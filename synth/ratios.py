@@ -30,17 +30,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hapc.errors import UserError
+from synth.loads import MemoryInfeasible
 
 _DIGITS = 12
-
-
-class MemoryInfeasible(UserError):
-    """No shares make the program fit: ``missing_bytes`` says by how much, per device."""
-
-    def __init__(self, message: str, missing_bytes: dict[str, float]) -> None:
-        self.missing_bytes = missing_bytes
-        super().__init__(message)
 
 
 class BackendUnavailable(RuntimeError):

@@ -286,8 +286,9 @@ def test_a_job_that_fails_in_the_child_runs_here_with_the_ones_after_it(monkeypa
 
 
 def test_replan_imports_no_numpy_before_its_child_searches():
-    """numpy (and the LP) are imported while the child searches (hapc.replan._lp_tools): a module
-    on replan's path that imports numpy at its top puts a fifth of a second back before the fork."""
+    """numpy (and the LP) are imported only for a re-balance the closed form cannot settle
+    (hapc.replan._lp_tools): a module on replan's path that imports numpy at its top puts a fifth
+    of a second back on every replan (see test_replan_waterfill for a whole replan)."""
     code = ("import sys, hapc.cli, hapc.replan, hapc.plan, synth.reuse, costmodel.cluster_edit; "
             "print(sorted(m for m in ('numpy', 'highspy', 'scipy') if m in sys.modules))")
     env = dict(os.environ, PYTHONPATH=str(REPO))
