@@ -23,7 +23,7 @@ from hapc.ir.layout import Shard  # noqa: E402
 from hapc.ir.program import Compute  # noqa: E402
 from hapc.plan import Plan  # noqa: E402
 from synth import lp_highspy  # noqa: E402
-from synth.loads import DeviceLoads, _pairwise_sum, device_loads, share_problem, with_shares  # noqa: E402
+from synth.loads import DeviceLoads, MemoryInfeasible, _pairwise_sum, device_loads, share_problem, with_shares  # noqa: E402
 from synth.ratios import solve_shares  # noqa: E402
 from synth.waterfill import fill_shares  # noqa: E402
 
@@ -41,11 +41,15 @@ def _lp(loads: DeviceLoads) -> tuple[float, ...]:
 
 
 def _random_loads(rng: random.Random) -> DeviceLoads:
-    """Devices of a few kinds (identical columns, as real clusters have), some memory-capped."""
+    """Devices of a few kinds (identical columns, as real clusters have), some memory-capped,
+    some of them so tightly that memory binds."""
     n = rng.randint(1, 12)
-    kinds = [(rng.uniform(0.001, 2.0) ** rng.choice([1, 2]), rng.uniform(0.0, 1.5), rng.uniform(1e9, 8e9),
-              rng.uniform(0.0, 4e9), rng.choice([6e9, 16e9, 32e9, 80e9, float("inf")]))
-             for _ in range(rng.randint(1, min(n, 4)))]
+    kinds = []
+    for _ in range(rng.randint(1, min(n, 4))):
+        m, c = rng.uniform(1e9, 8e9), rng.uniform(0.0, 4e9)
+        room = c + m * rng.uniform(0.05, 0.5)           # fits up to a share of 0.05 to 0.5
+        kinds.append((rng.uniform(0.001, 2.0) ** rng.choice([1, 2]), rng.uniform(0.0, 1.5), m, c,
+                      rng.choice([room, 6e9, 16e9, 32e9, float("inf")])))
     rows = [rng.choice(kinds) for _ in range(n)]
     if rng.random() < 0.1:          # a program that shards nothing: no time scales with the shares
         rows = [(0.0, *row[1:]) for row in rows]
@@ -54,14 +58,17 @@ def _random_loads(rng: random.Random) -> DeviceLoads:
 
 def test_closed_form_gives_the_lps_shares_to_the_last_bit():
     rng = random.Random(15)
-    answered = 0
-    for _ in range(300):
+    answered = capped = 0
+    for _ in range(400):
         loads = _random_loads(rng)
         got = fill_shares(loads)
         if got is not None:
             answered += 1
             assert got == _lp(loads), loads
-    assert answered >= 200          # most: it declines only where memory binds or a rounding is close
+            used = [m * s + c for m, s, c in zip(loads.m, got, loads.c)]
+            capped += any(u > cap * (1 - 1e-9) for u, cap in zip(used, loads.capacity))
+    assert answered >= 250 and capped >= 20       # most: it declines only where a bound is nearly active,
+    # the memory fits at no shares, or a 12-digit rounding is close
 
 
 def test_hand_solved_shares():
@@ -70,11 +77,14 @@ def test_hand_solved_shares():
     assert fill_shares(_loads([1.0, 1.0], [0.5, 0.0])) == (0.25, 0.75)
     assert fill_shares(_loads([1.0, 1.0, 1.0], [5.0, 0.0, 0.0])) == (0.0, 0.5, 0.5)
     assert fill_shares(_loads([0.0, 0.0, 0.0], [1.0, 2.0, 3.0])) == (0.333333333333,) * 3     # nothing scales: even
+    # device 0's memory, 10 GB x share + 1 GB within 4 GB, caps it at 0.3
+    assert fill_shares(_loads([1.0, 1.0], [0.0, 0.0], m=[10e9, 10e9], c=[1e9, 1e9], capacity=[4e9, 16e9])) == (0.3, 0.7)
 
 
 @pytest.mark.parametrize("loads", [
-    _loads([1.0, 1.0], [0.0, 0.0], m=[10e9, 10e9], c=[1e9, 1e9], capacity=[4e9, 16e9]),      # memory binds
-    _loads([1.0, 1.0], [0.0, 0.0], m=[10e9, 10e9], c=[1e9, 1e9], capacity=[6e9 + 1e3, 16e9]),  # nearly binds
+    _loads([1.0, 1.0], [0.0, 0.0], m=[10e9, 10e9], c=[1e9, 1e9], capacity=[6e9 + 1e3, 16e9]),  # memory nearly binds
+    _loads([1.0, 1.0], [0.0, 0.0], m=[10e9, 10e9], c=[1e9, 1e9], capacity=[4e9, 4e9]),       # fits at no shares
+    _loads([1.0, 1.0], [0.0, 0.0], m=[10e9, 10e9], c=[5e9, 1e9], capacity=[4e9, 16e9]),      # not even at share 0
     _loads([1.0, 0.0], [0.0, 0.0]),                   # a device with no sharded work: the LP's tie-break
     _loads([1.0, 1.0], [0.5, 0.5 - 1e-12]),           # shares so near a 12-digit halfway that the LP's may round either way
     _loads([1.0], [0.0]),                             # one device: its share at its bound
@@ -82,7 +92,10 @@ def test_hand_solved_shares():
 ])
 def test_the_lp_decides_what_the_closed_form_cannot_settle(loads):
     assert fill_shares(loads) is None
-    _lp(loads)          # ... and the LP does (or says why not)
+    try:
+        _lp(loads)          # ... and the LP does
+    except MemoryInfeasible as exc:       # ... or says why not
+        assert "does not fit" in str(exc)
 
 
 def test_pairwise_sum_is_numpys_sum():
