@@ -317,6 +317,7 @@ def _replan_command(args: argparse.Namespace) -> int:
     from hapc.replan import replan
     from hapc.report import write_report
 
+    import functools
     import time
 
     started = time.perf_counter()
@@ -342,7 +343,7 @@ def _replan_command(args: argparse.Namespace) -> int:
             survivors = surviving_ranks(old.cluster.world, dropped)
     effort = "quick" if args.quick else "search" if args.search else "full" if args.full else "auto"
     done = replan(old, cluster, survivors=survivors, effort=effort, progress=_progress(args),
-                  while_searching=None if args.no_emit else _import_emitter)
+                  while_searching=functools.partial(_prepare_writing, old.graph, emit=not args.no_emit))
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     done.plan.save(out / "plan.json")
@@ -365,10 +366,14 @@ def _replan_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _import_emitter() -> None:
-    """What emitting program.py imports first (a tenth of a second), for replan to do while its
-    child searches."""
-    import hapc.codegen  # noqa: F401
+def _prepare_writing(graph, emit: bool) -> None:
+    """What writing the new plan (of the old plan's ``graph``) starts with, for replan to do
+    while its child searches: hashing the graph for plan.json, importing the program emitter."""
+    from hapc.plan import prepare_save
+
+    prepare_save(graph)
+    if emit:
+        import hapc.codegen  # noqa: F401
 
 
 def _rank(text: str, flag: str) -> int:

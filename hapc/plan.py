@@ -315,6 +315,15 @@ class Plan:
                          cluster=self.cluster, constants=constants, precision=self.precision))
 
 
+def prepare_save(graph: Graph) -> None:
+    """Do now what saving a plan of ``graph``, a loaded plan's, would do first: hash its entry
+    (4 ms for a 48-layer GPT), which the save then finds done. For a caller with time to
+    spare (hapc replan, while its child searches)."""
+    section = _GraphSection.of(graph)
+    if section is not None:
+        _ = section.hash
+
+
 def _steps_to_dict(program: DistProgram) -> list[dict[str, Any]]:
     """The program's steps, JSON-ready and canonical as they are (strings, ints, lists: no float)."""
     steps: list[dict[str, Any]] = []

@@ -309,3 +309,19 @@ def test_replan_pauses_the_cyclic_collector_and_restores_it(compiled, tmp_path, 
     assert cli_main(["replan", str(compiled / "plan.json"), "--drop", "1", "--quick", "-o", str(tmp_path / "new"),
                      "--no-emit", "-q"]) == 0
     assert seen == [False] and gc.isenabled()
+
+
+def test_prepare_save_hashes_a_loaded_graph_once_for_the_save_that_follows(compiled, tmp_path, monkeypatch):
+    """hapc replan hashes the old graph for the new plan.json while its child searches
+    (hapc.plan.prepare_save); the save then finds the hash made and writes the same file."""
+    import hapc.plan
+
+    hashed: list[int] = []
+    real = hapc.plan.hash_of_json
+    monkeypatch.setattr(hapc.plan, "hash_of_json", lambda data: hashed.append(1) or real(data))
+    plan = Plan.load(compiled / "plan.json")
+    hapc.plan.prepare_save(plan.graph)
+    assert hashed == [1]
+    plan.save(tmp_path / "plan.json")
+    assert hashed == [1]
+    assert (tmp_path / "plan.json").read_bytes() == (compiled / "plan.json").read_bytes()
