@@ -2,11 +2,11 @@
 
 ``hapc replan`` searches the new cluster under two overlap assumptions; each search and its
 simulation take a good part of the command's time and do not depend on each other, so both
-run in one child, one after the other, while this process does what it can without them (it
-imports the program emitter); the first result comes back as soon as it is made, and this
-process re-balances it while the child makes the second. A fork
-shares the parent's memory (the graph, the cached strategies) without copying or pickling it;
-only the child's results come back, pickled through a pipe. Where there is no spare core, no
+run in one child, one after the other, while this process does what it can without them
+(it prepares the writing of the plan); the first result comes back as soon as it is made,
+and this process re-balances it while the child makes the second. A fork shares the
+parent's memory (the graph, the cached strategies) without copying or pickling it; only the
+child's results come back, pickled through a pipe. Where there is no spare core, no
 ``fork`` (Windows), or ``HAPC_SERIAL`` is set in the environment, or the child fails in any
 way, the functions simply run here: the results are the same either way, only the wall time
 differs.

@@ -21,10 +21,10 @@ works from ``plan.json`` alone (it holds the graph: nothing is traced) and, by e
 **Time.** ``hapc replan`` has a second. The search gets each node's strategies from the
 cache the compile wrote beside plan.json (:mod:`synth.reuse`: the sharding rules would import
 torch), the re-balance's LP is solved in closed form (:mod:`synth.waterfill`: one segment
-is water-filling; the LP itself, on ``highspy``, only where that cannot settle it, such as a
-binding memory limit), so a replan imports no numpy, and only the leading candidate is
-re-balanced. Simulations of the 1066-node program of a 48-layer GPT
-are most of what is left, so a replan avoids them where a cheaper fact decides:
+is water-filling; the LP itself, on ``highspy``, only where that cannot settle it), so a
+replan imports no numpy, and only the leading candidate is re-balanced. Simulations of the
+1066-node program of a 48-layer GPT are most of what is left, so a replan avoids them where
+a cheaper fact decides:
 
 * the old program's collectives alone (:mod:`costmodel.comm_floor`, no timeline) often
   settle both ``auto``'s question and whether it could beat a searched program; it is then
@@ -33,16 +33,16 @@ are most of what is left, so a replan avoids them where a cheaper fact decides:
 * both overlaps' searches run one after the other in a forked child when a core is spare
   (:mod:`hapc.forked`), each program sent back as soon as it is simulated, with the
   figures ranking and the LP read (:class:`Figures`: not the timeline). Meanwhile this
-  process imports the program emitter and then re-balances the first search's program,
-  which usually leads, while the child makes the second;
+  process prepares the writing of the plan (``while_searching``) and then re-balances the
+  first search's program, which usually leads, while the child makes the second;
 * whether a program fits is asked only of one that could win on time, and a searched
   program that cannot lead comes back from the child as its time only;
 * the cyclic garbage collector is paused (:func:`synth.gcpause.gc_paused`), and the
   searches after the first share its prices (only the gradient all-reduce's depends on the
   overlap: :meth:`synth.costs.Prices.with_overlap`);
 * the CLI checks the strategy cache against plan.json's SHA-256 rather than by hashing the
-  graph again (:mod:`synth.reuse`), and imports the program emitter while it would
-  otherwise wait for the child (``while_searching``).
+  graph again (:mod:`synth.reuse`), and hashes the graph for the new plan.json and imports
+  the program emitter while it would otherwise wait for the child (``while_searching``).
 
 That search replan runs two searches and three simulations (both searches' programs in the
 child, the re-balanced winner here), against four before the floor; plan.json is the same
@@ -128,9 +128,9 @@ def carry_shares(old: Sequence[float], survivors: Sequence[int] | None, cluster:
 @functools.cache
 def _lp_tools():
     """The ratio LP, for the re-balances the closed form does not settle
-    (:func:`synth.waterfill.fill_shares`: a memory limit that binds, say): imported on first use,
-    since ``synth.ratios`` and HiGHS bring numpy, a fifth of a second of imports that most
-    replans never make. Returns ``(solve_shares, LP backend)``; the backend is HiGHS through
+    (:func:`synth.waterfill.fill_shares`: a share at a 12-digit rounding boundary, say):
+    imported on first use, since ``synth.ratios`` and HiGHS bring numpy, a fifth of a second
+    of imports that most replans never make. Returns ``(solve_shares, LP backend)``; the backend is HiGHS through
     ``highspy`` when it is there, not through scipy.optimize, whose import alone is a third of
     replan's second (the shares are the same; see synth.lp_highspy)."""
     from synth import lp_highspy
@@ -273,9 +273,10 @@ class _SearchRound:
     before the caller knows whether it will want them: ``auto`` may decide from a simulation
     of the old program, which then runs beside them instead of before; :meth:`cancel` stops
     them when the answer is no. Meanwhile this process does the caller's ``while_searching``
-    work and then re-balances the first search's program while the child makes the second. What crosses the pipe is a program's steps, its :class:`Figures` and the
-    search's figures: not the graph, and not the simulation's timeline (only the plan's own
-    program needs one, and that is re-balanced, hence simulated again, here). A program
+    work and then re-balances the first search's program while the child makes the second.
+    What crosses the pipe is a program's steps, its :class:`Figures` and the search's
+    figures: not the graph, and not the simulation's timeline (only the plan's own program
+    needs one, and that is re-balanced, hence simulated again, here). A program
     that cannot lead the searched ones (:func:`costmodel.simulator.ahead` of the leader so
     far says no, as the caller's would) comes back as its time only (:class:`_Behind`): its
     memory is never worked out, nor its steps sent, and the last search ends sooner."""
