@@ -145,13 +145,26 @@ def test_plain_float_coefficients_are_numpys(name):
         assert share_problem(program, sim, plan.cluster, optimizer).a.tolist() == [list(loads.a)]
 
 
-def test_a_replan_settled_by_the_closed_form_imports_no_numpy(compiled, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("model", ["mlp", "gpt"])
+def test_a_replan_settled_by_the_closed_form_imports_no_numpy(compiled, tmp_path, model):  # noqa: F811
+    """The whole command, in a fresh process: the MLP's program shards nothing (even shares),
+    the GPT's does (water-filling); neither re-balance needs the LP."""
     import os
+    import shutil
     import subprocess
 
+    from synth import reuse
+
+    if model == "mlp":
+        plan_file = compiled / "plan.json"
+    else:       # the golden plan, with the replan cache its compile would have written
+        plan_file = tmp_path / "old" / "plan.json"
+        plan_file.parent.mkdir()
+        shutil.copyfile(golden_path(model), plan_file)
+        reuse.write(Plan.load(plan_file).graph, reuse.cache_path(plan_file), plan_file=plan_file)
     code = ("import sys; from hapc.cli import main; rc = main(sys.argv[1:]); "
             "print(sorted(m for m in ('numpy', 'highspy', 'scipy') if m in sys.modules)); sys.exit(rc)")
-    args = [str(compiled / "plan.json"), "--drop", "1", "--search", "-o", str(tmp_path / "new"), "-q", "--no-emit"]
+    args = [str(plan_file), "--drop", "1", "--search", "-o", str(tmp_path / "new"), "-q", "--no-emit"]
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", code, "replan", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120, check=False)
