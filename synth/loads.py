@@ -33,6 +33,16 @@ if TYPE_CHECKING:
     from synth.ratios import ShareProblem
 
 
+SHARE_DIGITS = 12       # significant digits of a solved share (see round_share)
+
+
+def round_share(x: float) -> float:
+    """A share as the ratio LP answers it (:mod:`synth.ratios`, :mod:`synth.waterfill`): to 12
+    significant digits, so that every solver gives the same float whatever its last digits,
+    and never ``-0.0``."""
+    return float(f"{x:.{SHARE_DIGITS}g}") + 0.0
+
+
 class MemoryInfeasible(UserError):
     """No shares make the program fit: ``missing_bytes`` says by how much, per device. (Here,
     without numpy, so that a replan can catch it; :mod:`synth.ratios` raises it.)"""

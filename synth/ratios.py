@@ -30,9 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from synth.loads import MemoryInfeasible
-
-_DIGITS = 12
+from synth.loads import MemoryInfeasible, round_share
 
 
 class BackendUnavailable(RuntimeError):
@@ -284,7 +282,7 @@ def _solve_shares(problem: ShareProblem, backend: str, classes: list[list[int]])
     shares = _polish(rows, shares, round_of, level + relax, tie_break)
     shares = np.clip(shares, rows.lower, rows.upper).reshape(p.segments, n_dev)
     shares[np.abs(shares) < 1e-12] = 0.0  # solver dust
-    shares = np.vectorize(lambda v: float(f"{v:.{_DIGITS}g}") + 0.0)(shares)
+    shares = np.vectorize(round_share)(shares)
     shares = shares[:, _class_of(classes, problem.devices)]      # every device its class's share
     shares.setflags(write=False)
     seconds = problem.device_seconds(shares)

@@ -25,12 +25,11 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from synth.loads import DeviceLoads
+from synth.loads import DeviceLoads, round_share
 
 # Clear of the LP's own tolerances (synth.ratios: bounds and memory rows within 1e-6 count as
 # active), so that whatever this accepts, the LP's polishing reproduces exactly.
 MARGIN = Fraction(1, 10**5)
-_DIGITS = 12          # as synth.ratios rounds its shares
 # How far the LP's polished shares may stray from the exact point before rounding: relative,
 # plus a floor for tiny shares, each times _conditioning. Four times the worst seen in replans
 # of the golden models and GPT-48 (5e-15 relative, 8.5e-16 absolute, at conditioning 1);
@@ -67,7 +66,7 @@ def fill_shares(loads: DeviceLoads) -> tuple[float, ...] | None:
     shares = [float(x) for x in exact]
     if any(x and _near_rounding_boundary(x, _conditioning(a, b)) for x in shares):     # (a 0 is exact)
         return None
-    return tuple(_rounded(x) for x in shares)
+    return tuple(round_share(x) for x in shares)
 
 
 class _MemoryRows:
@@ -143,10 +142,6 @@ def _clamp(share: Fraction, cap: Fraction | None) -> Fraction:
     return max(Fraction(0), share if cap is None else min(share, cap))
 
 
-def _rounded(x: float) -> float:
-    return float(f"{x:.{_DIGITS}g}") + 0.0
-
-
 def _conditioning(a: tuple[float, ...], b: tuple[float, ...]) -> float:
     """How much the LP's least squares lose to the smallest scaled time coefficient (1 when it
     is 1): the polished shares' error grows as it shrinks."""
@@ -158,4 +153,4 @@ def _near_rounding_boundary(x: float, conditioning: float) -> bool:
     """Whether ``x`` is so close to halfway between two 12-digit values that the LP's answer,
     which is ``x`` only to its solver's accuracy, could round to the other one."""
     error = (BOUNDARY * x + ERROR_FLOOR) * conditioning
-    return _rounded(x - error) != _rounded(x + error)
+    return round_share(x - error) != round_share(x + error)
