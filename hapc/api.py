@@ -120,11 +120,10 @@ def _traced_file(path: str | os.PathLike, kwargs: Mapping[str, Any], use_cache: 
         (progress or (lambda m: print(f"hapc: note: {m}", file=sys.stderr)))(msg)
 
     def trace() -> Traced:
-        from hapc.cli import _trace_model_file
-        from hapc.modelfile import load_model_file
+        from hapc.modelfile import load_model_file, trace_meta_first
         from hapc.tracer import trace as trace_model
 
-        return _trace_model_file(load_model_file(str(path), dict(kwargs)), trace_model)
+        return trace_meta_first(load_model_file(str(path), dict(kwargs)), trace_model)
 
     cache = TraceCache(note=note) if use_cache else None
     traced, entry = trace_model_file(path, dict(kwargs), trace, cache=cache)
