@@ -26,6 +26,7 @@ test process) nothing is forked: see :func:`may_trace_in_child`.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -82,6 +83,7 @@ class TraceChild:
                  key: TraceKey | None) -> None:
         self._trace, self._precision, self._cache, self._key = trace, precision, cache, key
         self._scratch = Path(tempfile.mkdtemp(prefix="hapc-trace-"))
+        self._parent = os.getpid()
         self._made: tuple[Any, Recorder, Any] | None = None     # in the process that traced
         self._entry: tuple[Path | None] | None = None
         process_start_ns()            # this process's start, not the child's (cached)
@@ -98,11 +100,9 @@ class TraceChild:
     # ---- in the child (or here, when the child failed) ----------------------------------------
 
     def _trace_job(self) -> tuple:
-        """Trace, derive the strategies, and return what this process plans from:
-        ``("graph", graph bytes, constants or None, seconds)`` or ``("error", message)``."""
-        from hapc.ir.precision import autocast_graph
-        from synth import reuse
-
+        """Trace and return what this process plans from: ``("error", message)`` for the model's
+        error; in the child, ``("graph", graph bytes, constants or None, seconds)`` with the
+        strategies derived into the scratch directory; here, ``("traced", traced)``."""
         recorder = Recorder()
         try:
             with recorder.active():
@@ -111,24 +111,30 @@ class TraceChild:
             return "error", str(exc)
         finally:
             _flush()
-        graph = autocast_graph(traced.graph, self._precision)
-        reuse.write(graph, self._strategies_file())    # derives every distinct node's strategies
-        blob = dump_ir(traced.graph)
-        if load_ir(blob) != traced.graph:      # else the trace runs here, and is not cached
-            raise ValueError("the traced graph does not read back equal")
+        self._made = traced, recorder, None
+        if os.getpid() == self._parent:        # the child failed: traced here, as without one
+            return "traced", traced
+        from hapc.ir.precision import autocast_graph
+        from synth import reuse
+
+        graph = autocast_graph(traced.graph, self._precision)      # the graph the search will see
+        reuse.write(graph, self._strategies_file())     # derives each distinct node's strategies
         self._made = traced, recorder, graph
+        blob = dump_ir(traced.graph)
+        if load_ir(blob) != traced.graph:      # the child leaves, and the trace runs here
+            raise ValueError("the traced graph does not read back equal")
         return "graph", blob, constants_blob(traced), traced.seconds
 
     def _store_job(self) -> tuple[str | None, list[str]]:
-        """Write the cache entry and its strategies; returns the entry (None when not written)
-        and the notes that say why not."""
+        """Write the cache entry (in the child, with the strategies it derived); returns the
+        entry (None when not written) and the notes that say why not."""
         if self._made is None or self._cache is None or self._key is None:
             return None, []
         traced, recorder, graph = self._made
         notes: list[str] = []
         cache = TraceCache(self._cache.root, note=notes.append)
         written = cache.store(self._key, traced, recorder)
-        if written is not None:
+        if written is not None and graph is not None:
             cache.store_strategies(written, self._precision, graph)
         _flush()
         return (str(written) if written is not None else None), notes
@@ -138,11 +144,14 @@ class TraceChild:
 
     # ---- here -----------------------------------------------------------------------------------
 
-    def traced(self) -> ChildTrace:
-        """The child's graph (waits for it); raises the model's :class:`UserError`."""
+    def traced(self) -> ChildTrace | Any:
+        """The child's graph (waits for it), or the :class:`hapc.tracer.Traced` of a trace made
+        here when the child failed; raises the model's :class:`UserError`."""
         done = self._jobs.result(0)
         if done[0] == "error":
             raise UserError(done[1])
+        if done[0] == "traced":
+            return done[1]
         _, graph, constants, seconds = done
         stored = StoredConstants(constants[1], list(constants[0])) if constants is not None else {}
         note = self._cache.note if self._cache is not None else (lambda msg: None)

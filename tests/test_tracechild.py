@@ -99,6 +99,15 @@ def test_a_child_that_fails_otherwise_is_not_trusted_the_trace_runs_here(tmp_pat
         child.traced()                            # raised here, as it would be without a child
 
 
+def test_a_graph_that_does_not_read_back_equal_is_traced_here(tmp_path, monkeypatch):
+    import hapc.tracechild
+
+    monkeypatch.setattr(hapc.tracechild, "load_ir", lambda blob: None)     # in the child too
+    with TraceChild(_mlp_trace, "fp32", TraceCache(tmp_path), None) as child:
+        traced = child.traced()
+    assert not isinstance(traced, ChildTrace) and traced.graph == _mlp_trace().graph
+
+
 def test_what_the_model_prints_in_the_child_is_not_lost(tmp_path, capfd):
     def printing():
         print("model says hello")
