@@ -108,6 +108,17 @@ def test_a_graph_that_does_not_read_back_equal_is_traced_here(tmp_path, monkeypa
     assert not isinstance(traced, ChildTrace) and traced.graph == _mlp_trace().graph
 
 
+def test_the_childs_notes_are_passed_on_here(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    notes: list[str] = []
+    cache = TraceCache(tmp_path / "a-file", note=notes.append)          # cannot be a directory
+    with TraceChild(_mlp_trace, "fp32", cache, TraceKey.for_model_file(MLP, MLP_SETTINGS)) as child:
+        child.traced()
+        assert notes == []                        # the entry is written while this one plans
+        assert child.path() is None
+    assert len(notes) == 1 and "not writable" in notes[0], notes
+
+
 def test_what_the_model_prints_in_the_child_is_not_lost(tmp_path, capfd):
     def printing():
         print("model says hello")
