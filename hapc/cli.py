@@ -131,7 +131,7 @@ def _traced_model(args: argparse.Namespace, overrides: dict, meanwhile: Callable
                                          cache=cache, beside=True, child_precision=args.precision,
                                          meanwhile=meanwhile)
     if hasattr(entry, "close"):
-        cleanup.callback(entry.close)
+        cleanup.push(_entry_finisher(entry))
     if entry is None:
         return traced, None
     precision = args.precision
@@ -142,6 +142,20 @@ def _traced_model(args: argparse.Namespace, overrides: dict, meanwhile: Callable
             cache.store_strategies(path, precision, plan.graph)
 
     return traced, keep_strategies
+
+
+def _entry_finisher(entry):
+    """How a new cache entry's writer (a child) ends with the command: after an error, it may
+    finish (a tenth of a second: the next compile, with the mistake fixed, finds the trace);
+    after Ctrl-C it is stopped."""
+    def finish(exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None or issubclass(exc_type, Exception):
+                entry.path()
+        finally:
+            entry.close()
+
+    return finish
 
 
 def _import_planning() -> None:

@@ -160,6 +160,17 @@ def test_a_cold_compile_in_a_child_writes_what_a_serial_one_and_a_warm_one_do(tm
     assert len(list((tmp_path / "cache").glob("*.strategies-fp32.json"))) == 1
 
 
+def test_an_error_after_the_trace_still_keeps_the_cache_entry(tmp_path, monkeypatch, capsys):
+    """The entry is written while the command plans; a mistake found then (here in-process, as
+    a notebook or test runs it; in a fresh process the child writes it) lets the writer finish,
+    so the corrected compile finds the trace."""
+    monkeypatch.setenv("HAPC_CACHE_DIR", str(tmp_path / "cache"))
+    args = ["compile", MLP, "--cluster", SMALL_MIXED, "-o", str(tmp_path / "o"), "-q", *MLP_SET]
+    assert main(args + ["--stages", "2", "--microbatches", "1000"]) == 2
+    assert "more than the batch" in capsys.readouterr().err
+    assert len(list((tmp_path / "cache").glob("*.trace"))) == 1
+
+
 BAD_MODELS = {
     "syntax": "import torch\ndef model(:\n",
     "no-scalar": ("import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"
