@@ -171,6 +171,24 @@ def test_an_error_after_the_trace_still_keeps_the_cache_entry(tmp_path, monkeypa
     assert len(list((tmp_path / "cache").glob("*.trace"))) == 1
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: nothing is forked")
+def test_a_bad_cluster_file_stops_the_child_at_once(tmp_path):
+    """The cluster loads while the child imports torch: its error is the command's one line,
+    and the child (and anything it started) is gone when the command ends."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nodes:\n  - devices: [{type: NoSuchGPU, count: 2}]\n")
+    env = {k: v for k, v in os.environ.items() if k != "HAPC_SERIAL"}
+    proc = subprocess.Popen([sys.executable, "-m", "hapc.cli", "compile", MLP, "--cluster", str(bad),
+                             "-o", str(tmp_path / "o"), *MLP_SET], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, env=dict(env, HAPC_CACHE_DIR=str(tmp_path / "cache")),
+                            start_new_session=True)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "NoSuchGPU" in err and len(err.strip().splitlines()) == 1, err
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)                   # no process of its session is left
+    assert not list((tmp_path / "cache").glob("*.trace"))
+
+
 BAD_MODELS = {
     "syntax": "import torch\ndef model(:\n",
     "no-scalar": ("import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"
