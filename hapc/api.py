@@ -114,7 +114,8 @@ def _traced_file(path: str | os.PathLike, kwargs: Mapping[str, Any], use_cache: 
                  progress: Callable[[str], None] | None) -> tuple[Any, Path | None, Any]:
     """A model file's trace (meta device first, as ``hapc compile``), from or into the trace
     cache; returns it with its cache entry and the cache (None, None when not cached)."""
-    from hapc.tracecache import TraceCache, trace_model_file
+    from hapc.compiletrace import trace_model_file
+    from hapc.tracecache import TraceCache
 
     def note(msg: str) -> None:
         (progress or (lambda m: print(f"hapc: note: {m}", file=sys.stderr)))(msg)
