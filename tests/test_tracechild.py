@@ -18,6 +18,7 @@ import pytest
 from hapc.api import synthesize
 from hapc.cli import main
 from hapc.errors import UserError
+from hapc.forked import spare_core
 from hapc.modelfile import trace_for_compile
 from hapc.tracecache import TraceCache, TraceKey
 from hapc.tracechild import ChildTrace, TraceChild
@@ -29,7 +30,10 @@ SMALL_MIXED = str(ROOT / "configs" / "clusters" / "small-mixed.yaml")
 MLP_SETTINGS = {"layers": 2, "features": 12, "hidden": 16, "classes": 5, "batch": 4}
 MLP_SET = [x for k, v in MLP_SETTINGS.items() for x in ("--set", f"{k}={v}")]
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+# Without a spare core (or with HAPC_SERIAL) TraceChild runs its jobs here: the results must be
+# the same, and the cases about the child itself are skipped.
+FORKS = spare_core()
+needs_a_child = pytest.mark.skipif(not FORKS, reason="no spare core or no fork: nothing is forked")
 
 
 def _alive(pid: int) -> bool:
@@ -44,6 +48,7 @@ def _mlp_trace():
     return trace_for_compile(MLP, dict(MLP_SETTINGS))
 
 
+@needs_a_child
 def test_the_childs_graph_strategies_and_entry_are_a_fresh_traces(tmp_path):
     here = _mlp_trace()
     notes: list[str] = []
@@ -65,6 +70,7 @@ def test_the_childs_graph_strategies_and_entry_are_a_fresh_traces(tmp_path):
     assert not child._scratch.exists()
 
 
+@needs_a_child
 def test_a_model_error_comes_back_as_the_same_one_line_error(tmp_path):
     def bad():
         raise UserError("syntax error at line 3: invalid syntax", where="model.py")
@@ -130,6 +136,7 @@ def test_what_the_model_prints_in_the_child_is_not_lost(tmp_path, capfd):
     assert capfd.readouterr().out.count("model says hello") == 1
 
 
+@needs_a_child
 def test_close_stops_a_child_that_still_works(tmp_path):
     with TraceChild(lambda: time.sleep(60), "fp32", TraceCache(tmp_path), None) as child:
         pid = child._jobs._pid
@@ -145,7 +152,7 @@ def _compile(out: Path, cache: Path, *extra: str, serial: bool = False, model: s
                           timeout=300)
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: nothing is forked")
+@needs_a_child
 def test_a_cold_compile_in_a_child_writes_what_a_serial_one_and_a_warm_one_do(tmp_path, monkeypatch):
     forked = _compile(tmp_path / "forked", tmp_path / "cache", "-q")
     warm = _compile(tmp_path / "warm", tmp_path / "cache", "-q")
@@ -171,7 +178,7 @@ def test_an_error_after_the_trace_still_keeps_the_cache_entry(tmp_path, monkeypa
     assert len(list((tmp_path / "cache").glob("*.trace"))) == 1
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: nothing is forked")
+@needs_a_child
 def test_a_bad_cluster_file_stops_the_child_at_once(tmp_path):
     """The cluster loads while the child imports torch: its error is the command's one line,
     and the child (and anything it started) is gone when the command ends."""
@@ -218,7 +225,7 @@ def test_model_errors_read_as_without_a_child(tmp_path, case):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: nothing is forked")
+@needs_a_child
 def test_ctrl_c_leaves_no_process_behind(tmp_path):
     """SIGINT to the command's process group (what a terminal sends) while the child imports
     torch and traces: the command says it was interrupted, and every process of it is gone."""
