@@ -116,8 +116,8 @@ def _traced_model(args: argparse.Namespace, overrides: dict, meanwhile: Callable
     possible: hapc.tracechild), and then stored. Also returns what to call once the plan is
     written (keeping its node strategies with the entry), or None. ``meanwhile()`` (work that needs
     no graph) runs while the child traces, else before the trace."""
-    from hapc.modelfile import trace_for_compile
     from hapc.compiletrace import trace_model_file
+    from hapc.modelfile import trace_for_compile
     from hapc.tracecache import TraceCache
 
     quiet = getattr(args, "quiet", False)
