@@ -150,11 +150,12 @@ def _entry_finisher(entry):
     finish (a tenth of a second: the next compile, with the mistake fixed, finds the trace);
     after Ctrl-C it is stopped."""
     def finish(exc_type, exc, tb) -> None:
+        interrupted = exc_type is not None and not issubclass(exc_type, Exception)
         try:
-            if exc_type is None or issubclass(exc_type, Exception):
+            if not interrupted:
                 entry.path()
         finally:
-            entry.close()
+            entry.close(interrupted=interrupted)
 
     return finish
 

@@ -57,8 +57,9 @@ class StoreBeside:
             self._finish(*self._writing.result())
         return self._done[0]
 
-    def close(self) -> None:
-        """Stop writing the entry if it is still being written (after an error or Ctrl-C)."""
+    def close(self, *, interrupted: bool = False) -> None:
+        """Stop writing the entry if it is still being written (after an error or Ctrl-C; the
+        writer starts no process of its own, so ``interrupted`` changes nothing)."""
         if self._done is None:
             self._writing.cancel()
             self._done = (None,)

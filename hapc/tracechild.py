@@ -52,6 +52,11 @@ from hapc.tracecache import (
 )
 
 
+# How long a child interrupted by Ctrl-C may take to unwind (stopping the short trace it runs
+# beside itself) before it is killed.
+GRACE_SECONDS = 0.5
+
+
 def may_trace_in_child() -> bool:
     """Whether a cold trace should run in a forked child: there is a spare core and ``fork``
     (:func:`hapc.forked.spare_core`), this process has not imported torch (else there is no
@@ -168,10 +173,14 @@ class TraceChild:
             self.close()
         return self._entry[0]
 
-    def close(self) -> None:
+    def close(self, *, interrupted: bool = False) -> None:
         """Stop the child if it still runs (its results are not wanted) and remove the scratch
-        directory (the strategies, installed by now or never)."""
-        self._jobs.cancel()
+        directory (the strategies, installed by now or never). ``interrupted``: after a Ctrl-C,
+        which reached the child too, it first gets a moment to stop what it started itself."""
+        if interrupted:
+            self._jobs.cancel_after(GRACE_SECONDS)
+        else:
+            self._jobs.cancel()
         shutil.rmtree(self._scratch, ignore_errors=True)
 
 
@@ -194,7 +203,7 @@ def trace_in_child(trace: Callable[[], Any], precision: str, cache: TraceCache |
     try:
         meanwhile()
         return child.traced(), child
-    except BaseException:
-        child.close()
+    except BaseException as exc:
+        child.close(interrupted=isinstance(exc, KeyboardInterrupt))
         raise
 

@@ -143,6 +143,36 @@ def test_close_stops_a_child_that_still_works(tmp_path):
     assert pid and not _alive(pid) and not child._scratch.exists()
 
 
+@needs_a_child
+def test_after_ctrl_c_the_child_stops_what_it_started_itself(tmp_path):
+    """A Ctrl-C reaches the child too; it is given a moment to stop (and reap) the short trace it
+    runs beside itself before it is killed, so nothing is left to the init process."""
+    started = tmp_path / "grandchild"
+
+    def trace():
+        from hapc.forked import Beside
+
+        beside = Beside(lambda: time.sleep(60))
+        started.write_text(str(beside._each._pid))
+        try:
+            return beside.result()
+        except BaseException:
+            beside.cancel()               # as hapc.blocktrace.trace_repeated does
+            raise
+
+    child = TraceChild(trace, "fp32", None, None)
+    while not started.exists() or not started.read_text():
+        time.sleep(0.01)
+    grandchild = int(started.read_text())
+    try:
+        os.kill(child._jobs._pid, signal.SIGINT)         # what the terminal sends the whole group
+        child.close(interrupted=True)
+        assert not _alive(grandchild)
+    finally:
+        if _alive(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
+
+
 def _compile(out: Path, cache: Path, *extra: str, serial: bool = False, model: str = MLP,
              sets: list[str] = MLP_SET) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "HAPC_SERIAL"}
