@@ -99,8 +99,8 @@ class TraceChild:
     def __enter__(self) -> TraceChild:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close(interrupted=exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
 
     # ---- in the child (or here, when the child failed) ----------------------------------------
 
