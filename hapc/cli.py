@@ -58,7 +58,7 @@ def _compile(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
         from costmodel.cluster import load_cluster
 
         loaded.append(load_cluster(args.cluster))     # bad cluster files fail before any tracing
-        _import_planning()
+        _import_planning(emit=not args.no_emit)
 
     traced, cached = _traced_model(args, overrides, meanwhile, cleanup)
     cluster = loaded[0]
@@ -160,15 +160,17 @@ def _entry_finisher(entry):
     return finish
 
 
-def _import_planning() -> None:
-    """What planning and writing the program import, loaded while a child traces the model."""
+def _import_planning(emit: bool) -> None:
+    """What planning (and, with ``emit``, writing the program) imports, loaded while a child
+    traces the model."""
     import hapc.api  # noqa: F401
-    import hapc.codegen  # noqa: F401
-    import hapc.launch  # noqa: F401
     import hapc.report  # noqa: F401
     import synth.synthesize  # noqa: F401
 
     _lp_backend()
+    if emit:
+        import hapc.codegen  # noqa: F401
+        import hapc.launch  # noqa: F401
 
 
 def _write_replan_cache(plan, out: Path) -> None:
