@@ -17,6 +17,10 @@ last file written; without interpreter start-up and imports), and the process's 
 (imports, model build, trace, synthesize, plan.json, report, program.py; a forked child's
 counted in the step that waited for it); ``--phases --warm``
 the steps of a warm compile (after one cold compile in a subprocess fills a fresh cache).
+A cold ``hapc compile`` does not run these steps in one line: it traces in a child forked
+before torch is imported (:mod:`hapc.tracechild`) and plans as a warm compile does, so its
+wall time is about the imports, model build and trace of the first list, then the warm
+list's steps from synthesize on (its imports and cluster load overlap the child's).
 
     python -m bench.compile_time [--repeats 3] [--layers 48] [--phases [--warm]]
 """

@@ -114,17 +114,17 @@ def _traced_file(path: str | os.PathLike, kwargs: Mapping[str, Any], use_cache: 
                  progress: Callable[[str], None] | None) -> tuple[Any, Path | None, Any]:
     """A model file's trace (meta device first, as ``hapc compile``), from or into the trace
     cache; returns it with its cache entry and the cache (None, None when not cached)."""
-    from hapc.tracecache import TraceCache, trace_model_file
+    from hapc.compiletrace import trace_model_file
+    from hapc.tracecache import TraceCache
 
     def note(msg: str) -> None:
         (progress or (lambda m: print(f"hapc: note: {m}", file=sys.stderr)))(msg)
 
     def trace() -> Traced:
-        from hapc.cli import _trace_model_file
-        from hapc.modelfile import load_model_file
+        from hapc.modelfile import load_model_file, trace_meta_first
         from hapc.tracer import trace as trace_model
 
-        return _trace_model_file(load_model_file(str(path), dict(kwargs)), trace_model)
+        return trace_meta_first(load_model_file(str(path), dict(kwargs)), trace_model)
 
     cache = TraceCache(note=note) if use_cache else None
     traced, entry = trace_model_file(path, dict(kwargs), trace, cache=cache)

@@ -122,10 +122,12 @@ def trace_repeated(model: nn.Module, inputs: Sequence[Any],
                 if meanwhile is not None and three is not None and three.forked:
                     meanwhile(g2)
                 g3, layout3 = _announce_reads(three.result()) if three is not None else short_graph(3)[:2]
-    except Exception:  # a position was used, or the full trace reports the error in the user's terms
+    except BaseException as exc:
         if three is not None:
-            three.cancel()
-        return None
+            three.cancel()          # also on Ctrl-C: the child is stopped and reaped, not left behind
+        if not isinstance(exc, Exception):
+            raise
+        return None                 # a position was used, or the full trace reports the error in the user's terms
     if layout2 is None or layout3 is None:
         return None
     try:

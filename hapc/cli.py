@@ -12,6 +12,7 @@ import contextlib
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from hapc.errors import UserError
@@ -37,20 +38,33 @@ def _progress(args: argparse.Namespace):
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
+    with contextlib.ExitStack() as cleanup:      # a child tracing the model never outlives the command
+        return _compile(args, cleanup)
+
+
+def _compile(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     import time
 
-    from costmodel.cluster import load_cluster
-    from hapc.api import synthesize
     from hapc.modelfile import parse_overrides
-    from hapc.report import write_report
 
     say = _progress(args)
     started = time.perf_counter()
     _check_precision(args.precision)
-    cluster = load_cluster(args.cluster)          # bad cluster files fail before any work
     stages = _stages_arg(args.stages)
     overrides = parse_overrides(args.set)
-    traced, cached = _traced_model(args, overrides, say)
+    loaded = []
+
+    def meanwhile() -> None:          # while a child traces; else before the trace
+        from costmodel.cluster import load_cluster
+
+        loaded.append(load_cluster(args.cluster))     # bad cluster files fail before any tracing
+        _import_planning(emit=not args.no_emit)
+
+    traced, cached = _traced_model(args, overrides, meanwhile, cleanup)
+    cluster = loaded[0]
+    from hapc.api import synthesize
+    from hapc.report import write_report
+
     if traced.graph.unsupported:
         ops = ", ".join(f"{op} ({where[0]})" for op, where in sorted(traced.graph.unsupported.items()))
         print(f"hapc: warning: no sharding rule, these run replicated: {ops}", file=sys.stderr)
@@ -95,32 +109,30 @@ def _lp_backend() -> str:
     return "highspy" if lp_highspy.available() else "highs"
 
 
-def _traced_model(args: argparse.Namespace, overrides: dict, say):
+def _traced_model(args: argparse.Namespace, overrides: dict, meanwhile: Callable[[], None],
+                  cleanup: contextlib.ExitStack):
     """The model's graph: from the trace cache when a sound entry exists (no torch.export, see
-    hapc.tracecache), else traced, and then stored. Also returns what to call once the plan is
-    written (keeping its node strategies with the entry), or None."""
-    from hapc.modelfile import load_model_file
-    from hapc.tracecache import TraceCache, trace_model_file
+    hapc.tracecache), else traced (in a child forked before torch is imported, where that is
+    possible: hapc.tracechild), and then stored. Also returns what to call once the plan is
+    written (keeping its node strategies with the entry), or None. ``meanwhile()`` (work that needs
+    no graph) runs while the child traces, else before the trace."""
+    from hapc.compiletrace import trace_model_file
+    from hapc.modelfile import trace_for_compile
+    from hapc.tracecache import TraceCache
+
+    quiet = getattr(args, "quiet", False)
 
     def note(msg: str) -> None:          # why the cache was not used or written: not an error
-        if not getattr(args, "quiet", False):
+        if not quiet:
             print(f"hapc: note: {msg}", file=sys.stderr)
 
-    def trace():
-        with _transient(f"tracing {args.model}", quiet=getattr(args, "quiet", False)):
-            if Path(args.model).is_file():    # else the loader says what is wrong, at once
-                from hapc.torchimport import import_for_tracing
-
-                # Before the model file, which imports torch itself: seconds of imports,
-                # without the collector's passes over them.
-                import_for_tracing()
-            mf = load_model_file(args.model, overrides)
-            from hapc.tracer import trace
-
-            return _trace_model_file(mf, trace)
-
     cache = None if args.no_trace_cache else TraceCache(note=note)
-    traced, entry = trace_model_file(args.model, overrides, trace, cache=cache, beside=True)
+    with _transient(f"tracing {args.model}", quiet=quiet):
+        traced, entry = trace_model_file(args.model, overrides, lambda: trace_for_compile(args.model, overrides),
+                                         cache=cache, beside=True, child_precision=args.precision,
+                                         meanwhile=meanwhile)
+    if hasattr(entry, "close"):
+        cleanup.push(_entry_finisher(entry))
     if entry is None:
         return traced, None
     precision = args.precision
@@ -131,6 +143,34 @@ def _traced_model(args: argparse.Namespace, overrides: dict, say):
             cache.store_strategies(path, precision, plan.graph)
 
     return traced, keep_strategies
+
+
+def _entry_finisher(entry):
+    """How a new cache entry's writer (a child) ends with the command: after an error, it may
+    finish (a tenth of a second: the next compile, with the mistake fixed, finds the trace);
+    after Ctrl-C it is stopped."""
+    def finish(exc_type, exc, tb) -> None:
+        interrupted = exc_type is not None and not issubclass(exc_type, Exception)
+        try:
+            if not interrupted:
+                entry.path()
+        finally:
+            entry.close(interrupted=interrupted)
+
+    return finish
+
+
+def _import_planning(emit: bool) -> None:
+    """What planning (and, with ``emit``, writing the program) imports, loaded while a child
+    traces the model."""
+    import hapc.api  # noqa: F401
+    import hapc.report  # noqa: F401
+    import synth.synthesize  # noqa: F401
+
+    _lp_backend()
+    if emit:
+        import hapc.codegen  # noqa: F401
+        import hapc.launch  # noqa: F401
 
 
 def _write_replan_cache(plan, out: Path) -> None:
@@ -179,22 +219,10 @@ def _check_precision(name: str) -> None:
 
 
 def _trace_model_file(mf, trace):
-    """Trace on the meta device (no weights, fast) and fall back to real tensors if the model
-    cannot be built or traced there."""
-    from hapc.errors import UserError
+    """See :func:`hapc.modelfile.trace_meta_first` (kept here for the benchmarks and tests)."""
+    from hapc.modelfile import trace_meta_first
 
-    try:
-        model = mf.build_model(device="meta")
-        inputs = tuple(t.to("meta") for t in mf.build_inputs())
-        traced = trace(model, inputs)
-        if not traced.dataless_constants():
-            return traced
-    except UserError:
-        pass
-    # Real tensors: also when the meta trace lifted tensors it made in forward (a list index,
-    # torch.tensor(...)) without their data; a trace on CPU gives graph and data together.
-    model = mf.build_model()
-    return trace(model, mf.build_inputs())
+    return trace_meta_first(mf, trace)
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ import pickle
 import select
 import signal
 import struct
+import time
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -111,6 +112,19 @@ class BesideEach(Generic[T]):
         if self._pid:
             os.kill(self._pid, signal.SIGKILL)
             self._reap()
+
+    def cancel_after(self, grace_seconds: float) -> None:
+        """:meth:`cancel`, after up to ``grace_seconds`` in which the child may leave by itself:
+        after a Ctrl-C, which reached it too, it unwinds and stops (and reaps) any child of its
+        own, where a kill now would leave that one to the init process."""
+        deadline = time.monotonic() + grace_seconds
+        while self._pid and time.monotonic() < deadline:
+            if os.waitpid(self._pid, os.WNOHANG)[0]:      # gone and reaped: never killed or reaped again
+                os.close(self._read)
+                self._pid, self._read = 0, -1
+                return
+            time.sleep(0.005)
+        self.cancel()
 
     def _reap(self) -> None:
         if self._pid:

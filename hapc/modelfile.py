@@ -23,6 +23,8 @@ from hapc.errors import UserError
 if TYPE_CHECKING:
     import torch
 
+    from hapc.tracer import Traced
+
 
 @dataclass
 class ModelFile:
@@ -103,6 +105,37 @@ def load_model_file(path: str, overrides: dict[str, Any] | None = None) -> Model
     mf._fn("model")
     mf._fn("inputs")
     return mf
+
+
+def trace_meta_first(mf: ModelFile, trace: Callable[..., Traced]) -> Traced:
+    """Trace on the meta device (no weights, fast) and fall back to real tensors if the model
+    cannot be built or traced there."""
+    try:
+        model = mf.build_model(device="meta")
+        inputs = tuple(t.to("meta") for t in mf.build_inputs())
+        traced = trace(model, inputs)
+        if not traced.dataless_constants():
+            return traced
+    except UserError:
+        pass
+    # Real tensors: also when the meta trace lifted tensors it made in forward (a list index,
+    # torch.tensor(...)) without their data; a trace on CPU gives graph and data together.
+    model = mf.build_model()
+    return trace(model, mf.build_inputs())
+
+
+def trace_for_compile(path: str, overrides: dict[str, Any]) -> Traced:
+    """The model file at ``path`` loaded and traced as ``hapc compile`` traces it: torch
+    imported first, with the collector paused (:mod:`hapc.torchimport`; the model file would
+    import it anyway), then :func:`trace_meta_first`."""
+    if os.path.isfile(path):        # else the loader says what is wrong, at once
+        from hapc.torchimport import import_for_tracing
+
+        import_for_tracing()
+    mf = load_model_file(path, overrides)
+    from hapc.tracer import trace
+
+    return trace_meta_first(mf, trace)
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

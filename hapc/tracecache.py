@@ -249,7 +249,7 @@ def _stamps(paths: list[str]) -> list[list[Any]]:
 
 
 @functools.cache
-def _process_start_ns() -> int | None:
+def process_start_ns() -> int | None:
     """When this process started, to within tens of milliseconds and never later than it did
     (Linux: its start in clock ticks after boot against the uptime, from /proc); None where
     that cannot be read."""
@@ -285,7 +285,7 @@ def _edited_after_loading(paths: list[str]) -> str | None:
     modified since its code last ran here (seen by an audit hook from the time this module
     was imported; before that, since the process started), or whose compiled ``.pyc`` still
     records its current size and modification time."""
-    started = _process_start_ns()
+    started = process_start_ns()
     since = started if started is not None else _IMPORTED_NS     # no later than the true start
     installed = tuple(_unlisted_roots()[2])
     for path in paths:
@@ -470,7 +470,7 @@ def _constant_names(graph: Graph) -> list[str]:
     return sorted({v.target for v in graph.values.values() if v.kind == "constant" and v.target})
 
 
-def _constants_blob(traced: Any) -> list[Any] | None:
+def constants_blob(traced: Any) -> list[Any] | None:
     """``[names, torch.save bytes]`` of the constants with data that ``traced``'s graph reads
     (what the emitter writes to constants.pt; constants without data, traced on the meta
     device, are re-derived by the program itself), or None when there are none."""
@@ -513,7 +513,7 @@ class TraceCache:
             self.note(f"trace cache entry {path} unreadable ({type(exc).__name__}); tracing again")
             return None
         try:
-            entry = _loads(blob)
+            entry = load_ir(blob)
             if not isinstance(entry, dict) or entry.get("format") != FORMAT:
                 raise ValueError(f"format {entry.get('format') if isinstance(entry, dict) else None!r}")
             if entry["key"] != key.material:
@@ -542,7 +542,7 @@ class TraceCache:
         """Write ``traced``'s graph under ``key``, listing every source it depended on; None
         (with a note) when it cannot be cached or the directory cannot be written."""
         try:
-            constants = _constants_blob(traced)
+            constants = constants_blob(traced)
         except Exception as exc:
             self.note(f"not cached: its constant tensors cannot be stored ({type(exc).__name__}: {_first_line(exc)})")
             return None
@@ -561,8 +561,8 @@ class TraceCache:
         entry = {"format": FORMAT, "key": key.material, "graph": traced.graph, "constants": constants,
                  "sources": _stamps(sources)}
         try:
-            blob = _dumps(entry)
-            if _loads(blob)["graph"] != traced.graph:
+            blob = dump_ir(entry)
+            if load_ir(blob)["graph"] != traced.graph:
                 raise ValueError("the graph does not read back equal")
         except Exception as exc:
             self.note(f"not cached: the traced graph cannot be stored ({type(exc).__name__}: {_first_line(exc)})")
@@ -602,7 +602,7 @@ class TraceCache:
         from synth import reuse
 
         try:
-            entry_data = _loads(entry.read_bytes())
+            entry_data = load_ir(entry.read_bytes())
             listed = {s[0] for s in entry_data["sources"]}
             new = [p for p in _listed_sources(set()) if p not in listed]
             stale = _edited_after_loading(new)
@@ -611,76 +611,12 @@ class TraceCache:
             extra = _stamps(new)
             if extra:
                 entry_data["sources"] = entry_data["sources"] + extra
-                _write_atomic(entry, _dumps(entry_data))
+                _write_atomic(entry, dump_ir(entry_data))
             with tempfile.TemporaryDirectory(dir=entry.parent) as tmp:
                 written = reuse.write(graph, Path(tmp) / reuse.FILE_NAME)
                 _write_atomic(strategies_path(entry, precision), written.read_bytes())
         except Exception as exc:  # the entry itself stays usable; only the strategies are lost
             self.note(f"strategies not cached in {self.root} ({type(exc).__name__}: {_first_line(exc)})")
-
-
-class StoreBeside:
-    """A new entry written by a forked child (:class:`hapc.forked.Beside`) while this process
-    goes on to plan: listing and stamping the sources and pickling the graph cost a quarter of
-    a second, which a compile need not wait for. :meth:`path` waits for the child and passes
-    on its notes; where there is no spare core the entry is written then, here."""
-
-    def __init__(self, cache: TraceCache, key: TraceKey, traced: Any, recorder: Recorder) -> None:
-        import threading
-
-        from hapc.forked import Beside
-
-        _process_start_ns()          # this process's start, not the child's (cached)
-        self._note = cache.note
-
-        def store() -> tuple[str | None, list[str]]:
-            notes: list[str] = []
-            cache.note = notes.append
-            try:
-                written = cache.store(key, traced, recorder)
-            finally:
-                cache.note = self._note
-            return (str(written) if written is not None else None), notes
-
-        self._done: tuple[Path | None] | None = None
-        # Not beside other Python threads: one of them may hold a lock the child would need
-        # (see hapc.blocktrace.may_fork); then it is written here and now.
-        self._writing = Beside(store) if threading.active_count() == 1 else None
-        if self._writing is None:
-            self._finish(*store())
-
-    def _finish(self, written: str | None, notes: list[str]) -> None:
-        for msg in notes:
-            self._note(msg)
-        self._done = (Path(written) if written is not None else None,)
-
-    def path(self) -> Path | None:
-        """The entry, once written (None, after its notes, when it could not be)."""
-        if self._done is None:
-            self._finish(*self._writing.result())
-        return self._done[0]
-
-
-def trace_model_file(path: str | os.PathLike, overrides: Mapping[str, Any], trace: Callable[[], Any], *,
-                     cache: TraceCache | None, beside: bool = False) -> tuple[Any, Path | StoreBeside | None]:
-    """The graph of model file ``path`` with ``overrides``: from ``cache`` when it holds a sound
-    entry (a :class:`CachedTrace`), else ``trace()`` (which loads the file, builds the model
-    and traces it, returning a :class:`hapc.tracer.Traced`) while recording the files it reads,
-    and then stored. Returns the traced model and its entry (None when not cached); with
-    ``beside``, a new entry is written while the caller goes on, and comes as a
-    :class:`StoreBeside` whose ``path()`` the caller must call before it ends."""
-    key = TraceKey.for_model_file(path, overrides) if cache is not None else None
-    hit = cache.lookup(key) if cache is not None and key is not None else None
-    if hit is not None:
-        return hit, hit.entry
-    recorder = Recorder()
-    with recorder.active():
-        traced = trace()
-    if cache is None or key is None:
-        return traced, None
-    if beside:
-        return traced, StoreBeside(cache, key, traced, recorder)
-    return traced, cache.store(key, traced, recorder)
 
 
 def _write_atomic(path: Path, blob: bytes) -> None:
@@ -712,7 +648,8 @@ class _IRPickler(pickle.Pickler):
         return NotImplemented
 
 
-def _dumps(obj: Any) -> bytes:
+def dump_ir(obj: Any) -> bytes:
+    """``obj`` (a graph, or an entry holding one) as pickle bytes that name no torch class."""
     out = io.BytesIO()
     _IRPickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     return out.getvalue()
@@ -727,7 +664,8 @@ class _IRUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refers to {module}.{name}")
 
 
-def _loads(blob: bytes) -> Any:
+def load_ir(blob: bytes) -> Any:
+    """What :func:`dump_ir` wrote, admitting hapc IR classes and plain values only."""
     return _IRUnpickler(io.BytesIO(blob)).load()
 
 

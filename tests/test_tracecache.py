@@ -18,7 +18,8 @@ import pytest
 from hapc import tracecache
 from hapc.cli import main
 from hapc.modelfile import load_model_file
-from hapc.tracecache import CachedTrace, TraceCache, trace_model_file
+from hapc.compiletrace import trace_model_file
+from hapc.tracecache import CachedTrace, TraceCache
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "configs" / "models" / "mlp.py"
