@@ -23,6 +23,9 @@ closed, whichever problem that incumbent comes from.
 matters: 1F1B holds ``min(m, k)`` micro-batches on a stage with ``k`` stages from it on, and a
 plan needs two stages, so all ``k >= max(m, 2)`` share one layer (with a self-loop, solved in
 decreasing device positions) whenever the stage limit is implied by the positions and cuts.
+Where memory is ample the counts collapse further: when no stage that could run has room for
+fewer than ``min(m, max_stages)`` micro-batches but at least ``t``, every ``k >= t`` closes the
+same stages and shares the top layer (BERT-24 and ViT-24 on HAP-8: 2 layers, not up to 8).
 
 **Exact where the tail decides.** Where a later stage's tail ends the iteration (``H > e_0``)
 and the bound is still under the incumbent, a DP over Pareto fronts of ``(W, V = W + H)`` per
@@ -88,13 +91,28 @@ class StageProblem:
     ahead: np.ndarray | None = None      # [p, i] least forward time before a state (a bound)
     source: tuple = ()                   # what built it (to build it again once groups are synthesised)
 
+    _top: int | None = field(default=None, repr=False)   # :attr:`top`, found once
+
     @property
     def top(self) -> int:
         """The last stage-count layer the DPs keep (module docstring: counts collapsed)."""
+        if self._top is None:
+            self._top = self._least_top()
+        return self._top
+
+    def _least_top(self) -> int:
         if self.ks != list(range(2, self.max_stages + 1)) or \
                 self.max_stages < min(self.n_pos - 1, self.n_cuts - 1):
             return self.max_stages        # forced counts, or a stage limit the positions do not imply
-        return min(self.max_stages, 2 if self.gpipe_memory else max(self.m, 2))
+        if self.gpipe_memory:
+            return min(self.max_stages, 2)
+        top = min(self.max_stages, max(self.m, 2))
+        # Layers t..top hold min(m, t)..min(m, top) micro-batches; they close the same stages,
+        # and so are one layer, when no stage that could run has room for a count in between.
+        most = min(self.m, top)
+        held = [a.inflight_max[np.isfinite(a.gate)] for a in self.arcs]
+        short = [float(h[h < most].max()) for h in held if (h < most).any()]
+        return min(top, max(2, math.floor(max(short)) + 1)) if short else 2
 
     @property
     def looped(self) -> bool:

@@ -83,6 +83,7 @@ from costmodel.pipeline import (  # noqa: I001
 from hapc.errors import UserError
 from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
+from synth.gcpause import gc_paused
 from synth.stagedp import EXACT_TOLERANCE, Arc, StageProblem, StageSearch, solve_pass
 
 MAX_CUTS = 48            # cut candidates kept for the DP (evenly by work when there are more)
@@ -245,10 +246,11 @@ class StagePlanner:
     def _group_work(self, group: _Group, counts: list[int]) -> tuple:
         """One group's program (as parts) and its profiles at ``counts`` micro-batches; no
         side effects, so a child can run it and send the result back."""
-        program = self._programs.get(group.key) or self._synthesize_group(self.graph, group.cluster)
-        pricer = ProgramPricer(program, group.cluster, self.optimizer)
-        return program.steps, program.source_layouts, program.shares, program._blocks, \
-            [pricer.profile(m) for m in counts]
+        with gc_paused():        # thousands of acyclic steps and rows (synth.gcpause)
+            program = self._programs.get(group.key) or self._synthesize_group(self.graph, group.cluster)
+            pricer = ProgramPricer(program, group.cluster, self.optimizer)
+            return program.steps, program.source_layouts, program.shares, program._blocks, \
+                [pricer.profile(m) for m in counts]
 
     def _finish_groups(self) -> None:
         """The groups :meth:`start_groups` shared, done and taken in (the child's part as it
@@ -260,7 +262,8 @@ class StagePlanner:
         jobs, shared = self._shared
         self._shared = (None, [])
         self.shared_counts = {"group_jobs": len(shared)}
-        results = jobs.results()
+        with gc_paused():        # the child's results unpickled: acyclic steps and arrays
+            results = jobs.results()
         self.shared_counts["group_jobs_from_child"] = jobs.from_child
         self.shared_counts["group_jobs_wait_seconds"] = jobs.wait_seconds
         for (planner, group, counts), (steps, layouts, shares, blocks, profiles) in zip(shared, results):
@@ -433,7 +436,8 @@ class StagePlanner:
         ``incumbent_seconds`` (the best plan without stages) prunes: a pipeline is only
         returned when it is faster, and None then means none is (up to the reported gap)."""
         try:
-            return self._plan(stages, microbatches, schedule, incumbent_seconds)
+            with gc_paused():    # arrays and small tuples, no cycles (synth.gcpause)
+                return self._plan(stages, microbatches, schedule, incumbent_seconds)
         finally:
             self.close()
 

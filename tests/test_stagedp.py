@@ -1,6 +1,7 @@
 """The stage planner's exact DPs (synth/stagedp.py): one self-looped layer for every stage
-count from ``max(m, 2)`` up gives the very values, bottlenecks and fronts of one layer per
-count, and the walks give back stage lists that cost what the DP says."""
+count from ``max(m, 2)`` up (or lower, where memory tells no counts apart) gives the very
+values, bottlenecks and fronts of one layer per count, and the walks give back stage lists
+that cost what the DP says."""
 
 from __future__ import annotations
 
@@ -133,3 +134,55 @@ def test_groups_synthesised_in_a_child_match_the_serial_ones(load_model, monkeyp
         other = planners[1]._profiles[key]
         assert all(np.array_equal(getattr(prof, f), getattr(other, f))
                    for f in ("fwd_compute", "bwd_compute", "fwd_comm", "bwd_comm", "static_bytes", "activation_bytes"))
+
+
+def _random_problem(rng: np.random.Generator, m: int, short_of: int) -> stagedp.StageProblem:
+    """A synthetic problem on 5 device positions and 6 cuts whose stages hold at most
+    ``short_of - 1`` micro-batches where memory binds (room for ``m`` or more elsewhere)."""
+    n_pos, c = 5, 6
+    upper = np.triu(np.ones((c, c), dtype=bool), 1)
+    arcs = []
+    for a in range(n_pos - 1):
+        for b in range(a + 1, n_pos):
+            busy = np.where(upper, rng.uniform(1.0, 3.0, (c, c)), np.inf)
+            gate = np.where(upper, busy * rng.uniform(0.3, 1.0, (c, c)), np.inf)
+            tail = rng.uniform(0.0, 2.0, (c, c))
+            cost = busy.copy()
+            cost[0] += tail[0]
+            room = np.where(rng.random((c, c)) < 0.3, rng.integers(0, max(short_of, 1), (c, c)), m + 3)
+            arcs.append(stagedp.Arc(type("G", (), {"key": f"{a}-{b}"})(), a, b, cost, gate,
+                                    np.where(upper, room, -1.0).astype(float), busy, busy + tail,
+                                    np.where(upper, busy, 1.0) * rng.uniform(0.2, 0.6, (c, c))))
+    steps = np.unique(np.concatenate([a.gate[np.isfinite(a.gate)] for a in arcs]))
+    return stagedp.StageProblem(m, n_pos, c, arcs, 4, [2, 3, 4], False, steps)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_layers_collapse_where_memory_cannot_tell_counts_apart(seed):
+    """Counts from ``t`` up share the top layer when no stage has room for between
+    ``min(m, t)`` and ``min(m, max_stages)`` micro-batches: the values, bottlenecks and exact
+    fronts are those of one layer per count, on problems whose memory binds at 0..m."""
+    rng = np.random.default_rng(seed)
+    m = (2, 4, 8)[seed % 3]
+    short_of = int(rng.integers(0, min(m, 4) + 1))
+    prob = _random_problem(rng, m, short_of)
+    assert prob.top == min(4, max(2, short_of))          # the layer where counts stop mattering
+    ref = _EveryCount(**{f: getattr(prob, f) for f in ("m", "n_pos", "n_cuts", "arcs", "max_stages", "ks",
+                                                       "gpipe_memory", "steps")})
+    assert stagedp.least_bottleneck(prob) == stagedp.least_bottleneck(ref)
+    caps = prob.steps[np.linspace(0, len(prob.steps) - 1, 6).astype(int)]
+    value, pick_arc, pick_cut, pick_loop = stagedp.cap_dp(prob, caps)
+    ref_value = stagedp.cap_dp(ref, caps)[0]
+    for b, cap in enumerate(caps):
+        least = min(value[k, b, 0, 0] for k in prob.layers())
+        assert least == min(ref_value[k, b, 0, 0] for k in ref.layers())
+        if np.isfinite(least):
+            k = min(prob.layers(), key=lambda k: value[k, b, 0, 0])
+            chosen = stagedp._walk(prob, pick_arc, pick_cut, pick_loop, b, k)
+            need = [min(m, len(chosen) - s) for s in range(len(chosen))]
+            assert all(arc.inflight_max[i, j] >= n for (arc, i, j), n in zip(chosen, need))
+            assert sum(arc.cost[i, j] for arc, i, j in chosen) == pytest.approx(least, rel=1e-12)
+        exact, ref_exact = stagedp.pareto_dp(prob, float(cap), np.inf), stagedp.pareto_dp(ref, float(cap), np.inf)
+        assert (exact is None) == (ref_exact is None)
+        if exact is not None:
+            assert exact[0] == pytest.approx(ref_exact[0], rel=1e-12)
