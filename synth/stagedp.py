@@ -279,6 +279,8 @@ def least_bottleneck(prob: StageProblem) -> float:
         gates = prob.gates_at(k)
         for ai, sources in prob.steps_into(k):
             arc = prob.arcs[ai]
+            if arc.end + k > prob.n_pos:
+                continue                     # too few device positions left for the stages after it
             nxt = worst[sources[0], arc.end] if len(sources) == 1 else \
                 np.minimum(worst[sources[0], arc.end], worst[sources[1], arc.end])
             best = np.maximum(gates[ai], nxt[None, :]).min(axis=1)
@@ -299,10 +301,13 @@ def cap_dp(prob: StageProblem, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray
     pick_cut = np.zeros(shape, dtype=np.int32)
     pick_loop = np.zeros((n_caps, prob.n_pos, c), dtype=bool)      # top layer: the next stage on it too
     cap = caps[:, None, None]
+    rows = np.arange(n_caps)[:, None]
     for k in range(1, top + 1):
         gates = prob.gates_at(k)
         for ai, sources in prob.steps_into(k):
             arc = prob.arcs[ai]
+            if arc.end + k > prob.n_pos:
+                continue                     # too few device positions left for the stages after it
             nxt = value[sources[0], :, arc.end]                              # [caps, cuts]
             loop = None
             if len(sources) == 2:
@@ -321,7 +326,7 @@ def cap_dp(prob: StageProblem, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray
             total = np.where(gates[ai][None, :i1, j0:j1] <= cap,
                              arc.cost[None, :i1, j0:j1] + nxt[:, None, j0:j1], np.inf)
             j = total.argmin(axis=2)
-            t = np.take_along_axis(total, j[:, :, None], axis=2)[:, :, 0]
+            t = total.min(axis=2)
             j += j0
             here = value[k, :, arc.start, :i1]
             better = t < here
@@ -330,7 +335,7 @@ def cap_dp(prob: StageProblem, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray
                 pick_arc[k, :, arc.start, :i1][better] = ai
                 pick_cut[k, :, arc.start, :i1][better] = j[better]
                 if loop is not None:
-                    pick_loop[:, arc.start, :i1][better] = np.take_along_axis(loop, j, axis=1)[better]
+                    pick_loop[:, arc.start, :i1][better] = loop[rows, j][better]
     return value, pick_arc, pick_cut, pick_loop
 
 
@@ -388,7 +393,8 @@ def _pareto_fronts(prob: StageProblem, cap: float, width: int, limit: float) -> 
         gates = prob.gates_at(k)
         by_start: dict[int, list[tuple[int, list[int]]]] = {}
         for ai, sources in prob.steps_into(k):
-            by_start.setdefault(prob.arcs[ai].start, []).append((ai, sources))
+            if prob.arcs[ai].end + k <= prob.n_pos:          # else too few positions left after it
+                by_start.setdefault(prob.arcs[ai].start, []).append((ai, sources))
         for p, arc_ids in by_start.items():         # decreasing starts on a self-looped layer
             ws, vs, ids = [], [], []
             for ai, sources in arc_ids:
