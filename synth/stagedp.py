@@ -26,6 +26,9 @@ decreasing device positions) whenever the stage limit is implied by the position
 Where memory is ample the counts collapse further: when no stage that could run has room for
 fewer than ``min(m, max_stages)`` micro-batches but at least ``t``, every ``k >= t`` closes the
 same stages and shares the top layer (BERT-24 and ViT-24 on HAP-8: 2 layers, not up to 8).
+The stages short of memory are the big, slow ones, so a DP run under a cap sees only the
+stages whose step is under it (:meth:`StageProblem.under`): GPT-48 on HAP-8 keeps 8 layers for
+the whole problem but 2 in every run after the first.
 
 **Exact where the tail decides.** Where a later stage's tail ends the iteration (``H > e_0``)
 and the bound is still under the incumbent, a DP over Pareto fronts of ``(W, V = W + H)`` per
@@ -43,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -92,27 +95,56 @@ class StageProblem:
     source: tuple = ()                   # what built it (to build it again once groups are synthesised)
 
     _top: int | None = field(default=None, repr=False)   # :attr:`top`, found once
+    _short: tuple | None = field(default=None, repr=False)   # see _short_stages
+    _views: dict = field(default_factory=dict, repr=False)   # see under
+    _bottleneck: float | None = field(default=None, repr=False)   # see least_bottleneck
 
     @property
     def top(self) -> int:
         """The last stage-count layer the DPs keep (module docstring: counts collapsed)."""
         if self._top is None:
-            self._top = self._least_top()
+            self._top = self._least_top(math.inf)
         return self._top
 
-    def _least_top(self) -> int:
+    def _least_top(self, cap: float) -> int:
+        """The top layer for DPs whose steps are all at most ``cap``."""
         if self.ks != list(range(2, self.max_stages + 1)) or \
                 self.max_stages < min(self.n_pos - 1, self.n_cuts - 1):
             return self.max_stages        # forced counts, or a stage limit the positions do not imply
         if self.gpipe_memory:
             return min(self.max_stages, 2)
-        top = min(self.max_stages, max(self.m, 2))
         # Layers t..top hold min(m, t)..min(m, top) micro-batches; they close the same stages,
         # and so are one layer, when no stage that could run has room for a count in between.
-        most = min(self.m, top)
-        held = [a.inflight_max[np.isfinite(a.gate)] for a in self.arcs]
-        short = [float(h[h < most].max()) for h in held if (h < most).any()]
-        return min(top, max(2, math.floor(max(short)) + 1)) if short else 2
+        top, gates, held = self._short_stages()
+        held = held[gates <= cap]
+        return min(top, max(2, math.floor(held.max()) + 1)) if len(held) else 2
+
+    def _short_stages(self) -> tuple[int, np.ndarray, np.ndarray]:
+        """The top layer memory alone would keep (``max(m, 2)``), and the step gates and
+        in-flight limits of the stages with room for fewer than ``min(m, top)`` micro-batches."""
+        if self._short is None:
+            top = min(self.max_stages, max(self.m, 2))
+            most = min(self.m, top)
+            short = [(a.gate < np.inf) & (a.inflight_max < most) for a in self.arcs]
+            self._short = (top, np.concatenate([a.gate[s] for a, s in zip(self.arcs, short)] + [np.zeros(0)]),
+                           np.concatenate([a.inflight_max[s] for a, s in zip(self.arcs, short)] + [np.zeros(0)]))
+        return self._short
+
+    def least_short_gate(self) -> float:
+        """The least step of a stage short of memory for some stage count (inf when none is)."""
+        gates = self._short_stages()[1]
+        return float(gates.min()) if len(gates) else math.inf
+
+    def under(self, cap: float) -> StageProblem:
+        """The problem as a DP whose steps are all at most ``cap`` sees it: the stages over the
+        cap are closed there, so only the others' memory tells stage counts apart, and the
+        layers may collapse further than :attr:`top` (the same values, fewer layers)."""
+        top = self._least_top(cap)
+        if top >= self.top:
+            return self
+        if top not in self._views:
+            self._views[top] = replace(self, _top=top, _views={}, _bottleneck=None)
+        return self._views[top]
 
     @property
     def looped(self) -> bool:
@@ -226,17 +258,18 @@ def _solve_caps(run: _Run, batch: list[tuple[float, int, int]], search: StageSea
     cap (the problem's run is then void), else none."""
     prob, steps = run.prob, run.prob.steps
     caps = steps[[hi for _, _, hi in batch]]
-    value, pick_arc, pick_cut, pick_loop = cap_dp(prob, caps)
+    dp = prob.under(float(caps.max()))           # fewer layers where only slower stages lack memory
+    value, pick_arc, pick_cut, pick_loop = cap_dp(dp, caps)
     search.dp_runs += 1
     search.pass_runs += 1
-    layers = prob.layers()
+    layers = dp.layers()
     for b, (_, first, hi) in enumerate(batch):
         totals = [value[k, b, 0, 0] for k in layers]
         least = float(min(totals))
         if not math.isfinite(least):
             continue                          # no plan under this cap, nor under any smaller
         k = layers[int(np.argmin(totals))]
-        chosen = _walk(prob, pick_arc, pick_cut, pick_loop, b, k)
+        chosen = _walk(dp, pick_arc, pick_cut, pick_loop, b, k)
         bottleneck = max(float(arc.gate[i, j]) for arc, i, j in chosen)
         t = int(np.searchsorted(steps, bottleneck))
         if not search.open((prob.m - 1) * steps[t] + least):
@@ -249,7 +282,8 @@ def _solve_caps(run: _Run, batch: list[tuple[float, int, int]], search: StageSea
                 not unsynthesised(chosen) and pipeline_sum(chosen) + tail_excess(chosen) > least * (1 + EXACT_TOLERANCE):
             # A later stage's tail ends the iteration: the bound W + e0 is not tight here.
             # The exact DP over (W, V) fronts prices the cap instead.
-            exact = pareto_dp(prob, float(steps[hi]), search.upper - (prob.m - 1) * steps[first])
+            exact = pareto_dp(prob.under(float(steps[hi])), float(steps[hi]),
+                              search.upper - (prob.m - 1) * steps[first])
             search.pareto_runs += 1
             if exact is not None:
                 least, chosen = exact
@@ -271,7 +305,20 @@ def _solve_caps(run: _Run, batch: list[tuple[float, int, int]], search: StageSea
 
 # ---- the DPs ---------------------------------------------------------------------------------
 def least_bottleneck(prob: StageProblem) -> float:
-    """The smallest slowest step of any plan that fits (a min-max DP)."""
+    """The smallest slowest step of any plan that fits (a min-max DP), found once per problem.
+
+    First with the layers collapsed as if every stage short of memory were closed (its step
+    gate is over the cap): when the plan found steps under all of those, it is one of the full
+    problem too, and no plan of the full problem has a smaller bottleneck."""
+    if prob._bottleneck is None:
+        below = float(np.nextafter(prob.least_short_gate(), -np.inf))
+        dp = prob.under(below)
+        found = _least_bottleneck(dp) if dp is not prob else math.inf
+        prob._bottleneck = found if found <= below else _least_bottleneck(prob)
+    return prob._bottleneck
+
+
+def _least_bottleneck(prob: StageProblem) -> float:
     c, top = prob.n_cuts, prob.top
     worst = np.full((top + 1, prob.n_pos, c), np.inf)
     worst[0, :, c - 1] = 0.0

@@ -25,6 +25,9 @@ class _EveryCount(stagedp.StageProblem):
     def top(self) -> int:
         return self.max_stages
 
+    def under(self, cap: float) -> stagedp.StageProblem:
+        return self
+
 
 def _problems(load_model, cluster_name: str, memory_bytes: float | None):
     import torch
@@ -144,12 +147,12 @@ def _random_problem(rng: np.random.Generator, m: int, short_of: int) -> stagedp.
     arcs = []
     for a in range(n_pos - 1):
         for b in range(a + 1, n_pos):
-            busy = np.where(upper, rng.uniform(1.0, 3.0, (c, c)), np.inf)
+            room = np.where(rng.random((c, c)) < 0.3, rng.integers(0, max(short_of, 1), (c, c)), m + 3)
+            busy = np.where(upper, rng.uniform(1.0, 3.0, (c, c)) + 2.0 * (room < m), np.inf)   # big = slow
             gate = np.where(upper, busy * rng.uniform(0.3, 1.0, (c, c)), np.inf)
             tail = rng.uniform(0.0, 2.0, (c, c))
             cost = busy.copy()
             cost[0] += tail[0]
-            room = np.where(rng.random((c, c)) < 0.3, rng.integers(0, max(short_of, 1), (c, c)), m + 3)
             arcs.append(stagedp.Arc(type("G", (), {"key": f"{a}-{b}"})(), a, b, cost, gate,
                                     np.where(upper, room, -1.0).astype(float), busy, busy + tail,
                                     np.where(upper, busy, 1.0) * rng.uniform(0.2, 0.6, (c, c))))
@@ -170,19 +173,28 @@ def test_layers_collapse_where_memory_cannot_tell_counts_apart(seed):
     ref = _EveryCount(**{f: getattr(prob, f) for f in ("m", "n_pos", "n_cuts", "arcs", "max_stages", "ks",
                                                        "gpipe_memory", "steps")})
     assert stagedp.least_bottleneck(prob) == stagedp.least_bottleneck(ref)
-    caps = prob.steps[np.linspace(0, len(prob.steps) - 1, 6).astype(int)]
-    value, pick_arc, pick_cut, pick_loop = stagedp.cap_dp(prob, caps)
+    caps = prob.steps[np.linspace(0, len(prob.steps) - 1, 12).astype(int)]
     ref_value = stagedp.cap_dp(ref, caps)[0]
+    tops = set()
     for b, cap in enumerate(caps):
-        least = min(value[k, b, 0, 0] for k in prob.layers())
-        assert least == min(ref_value[k, b, 0, 0] for k in ref.layers())
-        if np.isfinite(least):
-            k = min(prob.layers(), key=lambda k: value[k, b, 0, 0])
-            chosen = stagedp._walk(prob, pick_arc, pick_cut, pick_loop, b, k)
-            need = [min(m, len(chosen) - s) for s in range(len(chosen))]
-            assert all(arc.inflight_max[i, j] >= n for (arc, i, j), n in zip(chosen, need))
-            assert sum(arc.cost[i, j] for arc, i, j in chosen) == pytest.approx(least, rel=1e-12)
-        exact, ref_exact = stagedp.pareto_dp(prob, float(cap), np.inf), stagedp.pareto_dp(ref, float(cap), np.inf)
+        # Each cap alone on the problem as a DP under that cap sees it (its layers may collapse
+        # further where only slower stages lack memory), and all caps on the whole problem.
+        for dp, at in ((prob.under(float(cap)), [cap]), (prob, caps)):
+            tops.add(dp.top)
+            value, pick_arc, pick_cut, pick_loop = stagedp.cap_dp(dp, np.array(at))
+            col = 0 if len(at) == 1 else b
+            least = min(value[k, col, 0, 0] for k in dp.layers())
+            assert least == min(ref_value[k, b, 0, 0] for k in ref.layers())
+            if np.isfinite(least):
+                k = min(dp.layers(), key=lambda k: value[k, col, 0, 0])
+                chosen = stagedp._walk(dp, pick_arc, pick_cut, pick_loop, col, k)
+                need = [min(m, len(chosen) - s) for s in range(len(chosen))]
+                assert all(arc.inflight_max[i, j] >= n and arc.gate[i, j] <= cap
+                           for (arc, i, j), n in zip(chosen, need))
+                assert sum(arc.cost[i, j] for arc, i, j in chosen) == pytest.approx(least, rel=1e-12)
+        dp = prob.under(float(cap))
+        exact, ref_exact = stagedp.pareto_dp(dp, float(cap), np.inf), stagedp.pareto_dp(ref, float(cap), np.inf)
         assert (exact is None) == (ref_exact is None)
         if exact is not None:
             assert exact[0] == pytest.approx(ref_exact[0], rel=1e-12)
+    assert len(tops) > 1 or short_of <= 2            # some caps see fewer layers than the problem
