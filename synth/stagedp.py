@@ -212,6 +212,14 @@ class _Run:
             least_step = least_bottleneck(prob)
             if math.isfinite(least_step):                # else nothing fits
                 self.pending = [(0.0, int(np.searchsorted(prob.steps, least_step)), len(prob.steps) - 1)]
+        self.step_floors = prob.steps * prob.m          # no plan with that slowest step takes less
+
+    def winnable(self, incumbent: float) -> list[tuple[float, int, int]]:
+        """The open intervals without the caps at which no plan beats ``incumbent``: with ``m``
+        micro-batches a plan whose slowest step is ``B`` takes ``(m - 1) B + W + H >= m B``
+        (``W`` sums every step, ``H >= 0``), so caps from ``incumbent / m`` up are not solved."""
+        last = int(np.searchsorted(self.step_floors, incumbent, side="left")) - 1
+        return [(bound, first, min(hi, last)) for bound, first, hi in self.pending if min(hi, last) >= first]
 
 
 def solve_pass(problems: Sequence[StageProblem], search: StageSearch, *, fronts: bool,
@@ -240,6 +248,9 @@ def solve_pass(problems: Sequence[StageProblem], search: StageSearch, *, fronts:
                 run.proven.extend(iv[0] for iv in run.pending)      # unexplored: counted in the gap
             break
         run = runs[best_at]
+        run.pending = run.winnable(search.upper)
+        if not run.pending:
+            continue
         run.pending.sort()
         batch, run.pending = run.pending[:CAP_BATCH], run.pending[CAP_BATCH:]
         missing = _solve_caps(run, batch, search, fronts)
