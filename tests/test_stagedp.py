@@ -30,6 +30,10 @@ class _EveryCount(stagedp.StageProblem):
 
 
 def _problems(load_model, cluster_name: str, memory_bytes: float | None):
+    return _planner_problems(load_model, cluster_name, memory_bytes)[1]
+
+
+def _planner_problems(load_model, cluster_name: str, memory_bytes: float | None):
     import torch
 
     from hapc.tracer import trace
@@ -48,7 +52,7 @@ def _problems(load_model, cluster_name: str, memory_bytes: float | None):
         positions, starts = planner.groups_of(nodes)
         for m in planner.microbatch_counts([g for gs in starts.values() for g in gs]):
             out.append(planner._problem(nodes, positions, starts, m, None, False))
-    return out
+    return planner, out
 
 
 @pytest.mark.parametrize("cluster_name, memory_bytes", [("small-mixed.yaml", 1.3e6),        # four stages bind memory
@@ -198,3 +202,34 @@ def test_layers_collapse_where_memory_cannot_tell_counts_apart(seed):
         if exact is not None:
             assert exact[0] == pytest.approx(ref_exact[0], rel=1e-12)
     assert len(tops) > 1 or short_of <= 2            # some caps see fewer layers than the problem
+
+
+@pytest.mark.parametrize("cluster_name, memory_bytes", [("cpu-2nodes-2x2.yaml", None), ("small-mixed.yaml", None)])
+def test_no_plan_takes_less_than_m_times_its_slowest_step(load_model, cluster_name, memory_bytes):
+    """The bound behind clipping cap intervals at incumbent / m (_Run.winnable): every stage
+    list the DP gives, priced by the schedule, takes at least m times its slowest step; and the
+    clipped intervals keep exactly the caps under incumbent / m."""
+    planner, problems = _planner_problems(load_model, cluster_name, memory_bytes)
+    priced = 0
+    for prob in problems:
+        caps = prob.steps[np.linspace(0, len(prob.steps) - 1, 8).astype(int)]
+        value, pick_arc, pick_cut, pick_loop = stagedp.cap_dp(prob, caps)
+        for b in range(len(caps)):
+            for k in prob.layers():
+                if not np.isfinite(value[k, b, 0, 0]):
+                    continue
+                chosen = stagedp._walk(prob, pick_arc, pick_cut, pick_loop, b, k)
+                pipe = planner._price([(arc.group, i, j) for arc, i, j in chosen], prob.m, "1f1b", require_fit=False)
+                slowest = max(float(arc.gate[i, j]) for arc, i, j in chosen)
+                assert pipe.iteration_seconds >= prob.m * slowest * (1 - 1e-12)
+                priced += 1
+        run = stagedp._Run(prob)
+        if not run.pending:
+            continue
+        incumbent = float(prob.m * caps[len(caps) // 2])
+        kept = run.winnable(incumbent)
+        (_, first, hi), = run.pending
+        assert all(prob.m * prob.steps[h] < incumbent for _, _, h in kept)
+        assert all(h == hi or prob.m * prob.steps[h + 1] >= incumbent for _, _, h in kept)
+        assert bool(kept) == (prob.m * prob.steps[first] < incumbent)
+    assert priced > 20
