@@ -292,9 +292,12 @@ def _solve_caps(run: _Run, batch: list[tuple[float, int, int]], search: StageSea
         if fronts and search.open((prob.m - 1) * steps[t] + least) and search.pareto_runs < FRONT_RUN_LIMIT and \
                 not unsynthesised(chosen) and pipeline_sum(chosen) + tail_excess(chosen) > least * (1 + EXACT_TOLERANCE):
             # A later stage's tail ends the iteration: the bound W + e0 is not tight here.
-            # The exact DP over (W, V) fronts prices the cap instead.
-            exact = pareto_dp(prob.under(float(steps[hi])), float(steps[hi]),
-                              search.upper - (prob.m - 1) * steps[first])
+            # The exact DP over (W, V) fronts prices the cap instead, unless a cheaper bound
+            # on V shows it would find nothing under the incumbent.
+            limit = search.upper - (prob.m - 1) * steps[first]
+            if tail_bound(dp, value, b, float(steps[hi])) >= limit:
+                continue
+            exact = pareto_dp(prob.under(float(steps[hi])), float(steps[hi]), limit)
             search.pareto_runs += 1
             if exact is not None:
                 least, chosen = exact
@@ -424,6 +427,29 @@ def pareto_dp(prob: StageProblem, cap: float, limit: float) -> tuple[float, Chos
         if found is not None:
             return found
     return None
+
+
+def tail_bound(prob: StageProblem, value: np.ndarray, b: int, cap: float) -> float:
+    """A lower bound on ``V = W + H`` of every plan under ``cap`` (caps[b] of a :func:`cap_dp`
+    run that gave ``value``): the front DP's ``V = max(w + x + e + W_rest, f + x_f + V_rest)``
+    with ``W_rest`` and ``V_rest`` each at their least, which ``value`` holds for ``W_rest``
+    (a stage after the first never starts at cut 0, where ``value`` adds ``e0``). Where it
+    reaches the incumbent, the front DP would find no plan below it."""
+    c, top = prob.n_cuts, prob.top
+    least_v = np.full((top + 1, prob.n_pos, c), np.inf)
+    least_v[0, :, c - 1] = -np.inf               # no stage after the last: its own end decides
+    for k in range(1, top + 1):
+        gates = prob.gates_at(k)
+        for ai, sources in prob.steps_into(k):      # decreasing starts on a self-looped layer
+            arc = prob.arcs[ai]
+            if arc.end + k > prob.n_pos:
+                continue
+            for src in sources:
+                rest_w, rest_v = value[src, b, arc.end], least_v[src, arc.end]
+                v = np.maximum(arc.busy_tail + rest_w[None, :], arc.ahead + rest_v[None, :])
+                v = np.where(gates[ai] <= cap, v, np.inf).min(axis=1)
+                np.minimum(least_v[k, arc.start], v, out=least_v[k, arc.start])
+    return float(min(least_v[k, 0, 0] for k in prob.layers()))
 
 
 def least_ahead(prob: StageProblem) -> np.ndarray:

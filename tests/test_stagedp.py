@@ -179,7 +179,7 @@ def test_layers_collapse_where_memory_cannot_tell_counts_apart(seed):
     assert stagedp.least_bottleneck(prob) == stagedp.least_bottleneck(ref)
     caps = prob.steps[np.linspace(0, len(prob.steps) - 1, 12).astype(int)]
     ref_value = stagedp.cap_dp(ref, caps)[0]
-    tops = set()
+    tops, bounds = set(), []
     for b, cap in enumerate(caps):
         # Each cap alone on the problem as a DP under that cap sees it (its layers may collapse
         # further where only slower stages lack memory), and all caps on the whole problem.
@@ -201,7 +201,15 @@ def test_layers_collapse_where_memory_cannot_tell_counts_apart(seed):
         assert (exact is None) == (ref_exact is None)
         if exact is not None:
             assert exact[0] == pytest.approx(ref_exact[0], rel=1e-12)
+            # The cheap bound on V that spares the front DP: never above the exact least V,
+            # never below W + e0 (the bound it tightens).
+            value = stagedp.cap_dp(dp, np.array([cap]))[0]
+            bound = stagedp.tail_bound(dp, value, 0, float(cap))
+            assert bound <= exact[0] * (1 + 1e-12)
+            assert bound >= min(value[k, 0, 0, 0] for k in dp.layers()) * (1 - 1e-12)
+            bounds.append((bound, exact[0]))
     assert len(tops) > 1 or short_of <= 2            # some caps see fewer layers than the problem
+    assert any(b == pytest.approx(v, rel=1e-12) for b, v in bounds if np.isfinite(v))   # and often tight
 
 
 @pytest.mark.parametrize("cluster_name, memory_bytes", [("cpu-2nodes-2x2.yaml", None), ("small-mixed.yaml", None)])
