@@ -160,6 +160,7 @@ class StagePlanner:
         self._bounds: dict[str, StageBounds] = {}
         self._bound_matrices: dict[tuple[str, int], dict[str, np.ndarray]] = {}
         self._send_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._arc_terms: dict[tuple, tuple[np.ndarray, ...]] = {}    # see _problem
         self._shared: tuple | None = None      # the group work shared with a child (start_groups)
         self.shared_counts: dict[str, float] = {}   # how the group work was shared (not in plans: timing decides)
         self._baseline: StagePlanner | None = None
@@ -355,11 +356,17 @@ class StagePlanner:
             at = prefix[cuts]
             return at[None, :] - at[:, None]
 
-        fwd = diff(prof.fwd_compute).max(axis=2) + diff(prof.fwd_comm)
-        bwd = diff(prof.bwd_compute).max(axis=2) + diff(prof.bwd_comm)
-        static = diff(prof.static_bytes)                         # [c, c, world]
-        act = diff(prof.activation_bytes)
-        opt = diff(prof.optimizer_seconds).max(axis=2)
+        def per_rank(prefix: np.ndarray) -> np.ndarray:
+            """``diff`` of a per-rank prefix as ``[rank, i, j]``: reducing over ranks then
+            runs over whole planes, not a short last axis (the same floats)."""
+            at = prefix[cuts].T
+            return at[:, None, :] - at[:, :, None]
+
+        fwd = per_rank(prof.fwd_compute).max(axis=0) + diff(prof.fwd_comm)
+        bwd = per_rank(prof.bwd_compute).max(axis=0) + diff(prof.bwd_comm)
+        static = per_rank(prof.static_bytes)                     # [world, c, c]
+        act = per_rank(prof.activation_bytes)
+        opt = per_rank(prof.optimizer_seconds).max(axis=0)
         grad = diff(prof.grad_sync_bytes)
         shared_tail = np.zeros((c, c))
         for p, uses in prof.param_uses.items():
@@ -371,21 +378,21 @@ class StagePlanner:
                 used[u + 1] += 1
             used = np.cumsum(used)
             holds = (used[cuts][None, :] - used[cuts][:, None] > 0) & (cuts[:, None] > first)
-            static = static + holds[:, :, None] * prof.param_static_bytes[p][None, None, :]
+            static = static + holds[None, :, :] * prof.param_static_bytes[p][:, None, None]
             if p in prof.param_grad_bytes:
                 shared_tail += holds * send_seconds(self.cluster.network or group.cluster.group_link(),
                                                     prof.param_grad_bytes[p])
         sync = _all_reduce_seconds(group.cluster, grad)
         exposed = sync - np.minimum(sync, bwd) * self.cluster.comm_overlap
-        cap = np.array([d.memory_bytes for d in group.cluster.devices], dtype=float)
+        cap = np.array([d.memory_bytes for d in group.cluster.devices], dtype=float)[:, None, None]
         with np.errstate(divide="ignore", invalid="ignore"):
-            room = (cap[None, None, :] - static) / act
-            room = np.where(act > 0, room, np.where(cap[None, None, :] >= static, np.inf, -1.0))
-        inflight_max = np.floor(room.min(axis=2))
-        upper = np.triu(np.ones((c, c), dtype=bool), 1)
+            room = (cap - static) / act
+            room = np.where(act > 0, room, np.where(cap >= static, np.inf, -1.0))
+        inflight_max = np.floor(room.min(axis=0))
+        upper = _upper_pairs(c)
         out = {"fwd": fwd, "bwd": bwd, "step": np.where(upper, fwd + bwd, np.inf), "tail": opt + shared_tail,
                "sync": sync, "exposed": exposed, "inflight_max": np.where(upper, inflight_max, -1.0),
-               "static": static, "act": act}
+               "static": np.moveaxis(static, 0, 2), "act": np.moveaxis(act, 0, 2)}     # [i, j, rank]
         return out
 
     def bound_matrices(self, group: _Group, m: int) -> dict[str, np.ndarray]:
@@ -514,23 +521,28 @@ class StagePlanner:
                 if len(g.ranks) > max(1, self.batch // m):
                     continue                     # a member would get no sample of a micro-batch
                 ready = self._synthesised(g)
-                mat = self.matrices(g, m) if ready else self.bound_matrices(g, m)
                 after = self._link_after(g, starts)
                 before = link_between(self.cluster, (flat[a - 1],), g.ranks) if a > 0 else None
-                xf, xb = self._sends(after, fwd_bytes, bwd_bytes)
-                xf[c - 1] = xb[c - 1] = 0.0          # the last stage sends nothing on
-                bf, bb = self._sends(before, fwd_bytes, bwd_bytes)
-                bf[0] = bb[0] = 0.0                  # the first stage receives nothing
-                step = mat["step"] + blocked * (xf[None, :] + bf[:, None] + xb[None, :] + bb[:, None])
-                link = xf + xb
-                busy = step + link[None, :]
-                tail = mat["exposed"] + mat["tail"]
-                cost = busy.copy()
-                cost[0] = cost[0] + tail[0]
-                ahead = mat["fwd"] + blocked * (xf[None, :] + bf[:, None]) + xf[None, :]
-                gate = np.maximum(step, link[None, :])
-                arcs.append(Arc(g, pos_index[a], pos_index[g.end], cost, gate, mat["inflight_max"],
-                                 busy, busy + tail, ahead, bound=not ready))
+                # The same group between the same links costs the same wherever it sits (other
+                # positions of a node, the other device order): its arrays are shared, read only.
+                key = (g.key, m, ready, after, before)
+                terms = self._arc_terms.get(key)
+                if terms is None:
+                    mat = self.matrices(g, m) if ready else self.bound_matrices(g, m)
+                    xf, xb = self._sends(after, fwd_bytes, bwd_bytes)
+                    xf[c - 1] = xb[c - 1] = 0.0          # the last stage sends nothing on
+                    bf, bb = self._sends(before, fwd_bytes, bwd_bytes)
+                    bf[0] = bb[0] = 0.0                  # the first stage receives nothing
+                    step = mat["step"] + blocked * (xf[None, :] + bf[:, None] + xb[None, :] + bb[:, None])
+                    link = xf + xb
+                    busy = step + link[None, :]
+                    tail = mat["exposed"] + mat["tail"]
+                    cost = busy.copy()
+                    cost[0] = cost[0] + tail[0]
+                    ahead = mat["fwd"] + blocked * (xf[None, :] + bf[:, None]) + xf[None, :]
+                    gate = np.maximum(step, link[None, :])
+                    terms = self._arc_terms[key] = (cost, gate, mat["inflight_max"], busy, busy + tail, ahead)
+                arcs.append(Arc(g, pos_index[a], pos_index[g.end], *terms, bound=not ready))
         max_stages = forced_stages or min(len(positions) - 1, c - 1, MAX_STAGES)
         ks = [forced_stages] if forced_stages else list(range(2, max_stages + 1))
         finite = [a.gate[np.isfinite(a.gate)] for a in arcs]
@@ -635,6 +647,12 @@ def pipeline_even(planner: StagePlanner) -> Pipeline | None:
         if pipe is not None and (best is None or pipe.iteration_seconds < best.iteration_seconds):
             best = pipe
     return best
+
+
+@functools.lru_cache(maxsize=8)
+def _upper_pairs(c: int) -> np.ndarray:
+    """``[i, j]``: whether cut ``j`` comes after cut ``i`` (a stage between them); read only."""
+    return np.triu(np.ones((c, c), dtype=bool), 1)
 
 
 def _all_reduce_seconds(group: Cluster, nbytes: np.ndarray) -> np.ndarray:
