@@ -24,6 +24,7 @@ import shutil
 import signal
 import struct
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -127,8 +128,18 @@ class SharedJobs:
         if self._pid:
             os.kill(self._pid, signal.SIGKILL)
             os.close(self._read)
-            os.waitpid(self._pid, 0)
+            # Reaped beside: the kernel takes ~10 ms to tear down a forked copy of a large heap,
+            # which this process need not wait for.
+            threading.Thread(target=_reap, args=(self._pid,), name="hapc-reap", daemon=True).start()
             self._pid = 0
         if self._folder:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = ""
+
+
+def _reap(pid: int) -> None:
+    """Wait for a stopped child to end (quietly, should something else have reaped it)."""
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass

@@ -55,7 +55,12 @@ def test_cancel_stops_the_child_and_removes_its_files():
     if not spare_core():
         pytest.skip("one core: no child")
     jobs = SharedJobs([_job(i, 0.5) for i in range(4)])
-    folder = jobs._folder
+    folder, pid = jobs._folder, jobs._pid
     assert os.path.isdir(folder)
     jobs.cancel()
     assert not os.path.exists(folder) and not jobs.forked
+    # The stopped child is reaped beside this process, not left a zombie.
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not os.path.exists(f"/proc/{pid}")
