@@ -32,6 +32,10 @@ with the fronts where needed. The plan reports ``exact`` and its ``gap`` to the 
 left open (non-zero only when a budget of :mod:`synth.stagedp` cut the proof short, or when
 GPipe is forced: its bound is the 1F1B relaxation).
 
+**Cut-pair arrays** (:mod:`synth.stagecosts`): a group's profile turned into what a stage over
+any pair of cuts costs on it, and with the sends to its neighbours into the DP's arcs; the same
+group between the same links is built once, whatever its position or device order.
+
 **Groups priced by bounds first** (``lazy_groups=True``). A group's program costs an A* (and
 for unequal devices the share LP's rounds); :mod:`costmodel.stagebounds` bounds what any
 program on the group costs per node range without one. Arcs of groups not yet synthesised
@@ -65,7 +69,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from costmodel.cluster import Cluster, Link
-from costmodel.collectives import best_variant
 from costmodel.compute import lower_bound_seconds
 from costmodel.groups import group_key, link_between, sub_cluster
 from costmodel.stagebounds import StageBounds, bounds_available
@@ -84,6 +87,7 @@ from hapc.errors import UserError
 from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
 from synth.gcpause import gc_paused
+from synth.stagecosts import arc_terms, bound_pair_terms, cut_pair_terms
 from synth.stagedp import EXACT_TOLERANCE, Arc, StageProblem, StageSearch, solve_pass
 
 MAX_CUTS = 48            # cut candidates kept for the DP (evenly by work when there are more)
@@ -349,51 +353,7 @@ class StagePlanner:
 
     def _cut_pair_terms(self, group: _Group, m: int, cuts: np.ndarray) -> dict[str, np.ndarray]:
         """:meth:`matrices` over the given cut positions only (the same floats per pair)."""
-        prof = self.profile(group, m)
-        c = len(cuts)
-
-        def diff(prefix: np.ndarray) -> np.ndarray:
-            at = prefix[cuts]
-            return at[None, :] - at[:, None]
-
-        def per_rank(prefix: np.ndarray) -> np.ndarray:
-            """``diff`` of a per-rank prefix as ``[rank, i, j]``: reducing over ranks then
-            runs over whole planes, not a short last axis (the same floats)."""
-            at = prefix[cuts].T
-            return at[:, None, :] - at[:, :, None]
-
-        fwd = per_rank(prof.fwd_compute).max(axis=0) + diff(prof.fwd_comm)
-        bwd = per_rank(prof.bwd_compute).max(axis=0) + diff(prof.bwd_comm)
-        static = per_rank(prof.static_bytes)                     # [world, c, c]
-        act = per_rank(prof.activation_bytes)
-        opt = per_rank(prof.optimizer_seconds).max(axis=0)
-        grad = diff(prof.grad_sync_bytes)
-        shared_tail = np.zeros((c, c))
-        for p, uses in prof.param_uses.items():
-            first = prof.param_first_use[p]
-            if len(uses) < 2:
-                continue
-            used = np.zeros(len(self.graph.nodes) + 1)
-            for u in uses:
-                used[u + 1] += 1
-            used = np.cumsum(used)
-            holds = (used[cuts][None, :] - used[cuts][:, None] > 0) & (cuts[:, None] > first)
-            static = static + holds[None, :, :] * prof.param_static_bytes[p][:, None, None]
-            if p in prof.param_grad_bytes:
-                shared_tail += holds * send_seconds(self.cluster.network or group.cluster.group_link(),
-                                                    prof.param_grad_bytes[p])
-        sync = _all_reduce_seconds(group.cluster, grad)
-        exposed = sync - np.minimum(sync, bwd) * self.cluster.comm_overlap
-        cap = np.array([d.memory_bytes for d in group.cluster.devices], dtype=float)[:, None, None]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            room = (cap - static) / act
-            room = np.where(act > 0, room, np.where(cap >= static, np.inf, -1.0))
-        inflight_max = np.floor(room.min(axis=0))
-        upper = _upper_pairs(c)
-        out = {"fwd": fwd, "bwd": bwd, "step": np.where(upper, fwd + bwd, np.inf), "tail": opt + shared_tail,
-               "sync": sync, "exposed": exposed, "inflight_max": np.where(upper, inflight_max, -1.0),
-               "static": np.moveaxis(static, 0, 2), "act": np.moveaxis(act, 0, 2)}     # [i, j, rank]
-        return out
+        return cut_pair_terms(self.profile(group, m), cuts, len(self.graph.nodes), group.cluster, self.cluster)
 
     def bound_matrices(self, group: _Group, m: int) -> dict[str, np.ndarray]:
         """What :meth:`matrices` gives, bounded below (in-flight limits bounded above) for every
@@ -402,20 +362,7 @@ class StagePlanner:
         if key not in self._bound_matrices:
             if group.key not in self._bounds:
                 self._bounds[group.key] = StageBounds(self.graph, group.cluster, self.optimizer)
-            prof = self._bounds[group.key].profile(m)
-            cuts = np.array(self.cuts)
-
-            def diff(prefix: np.ndarray) -> np.ndarray:
-                at = prefix[cuts]
-                return at[None, :] - at[:, None]
-
-            fwd, bwd = diff(prof.fwd_seconds), diff(prof.bwd_seconds)
-            upper = np.triu(np.ones((len(cuts), len(cuts)), dtype=bool), 1)
-            inflight = prof.inflight_max(cuts[:, None], cuts[None, :])
-            nothing = np.zeros_like(fwd)
-            self._bound_matrices[key] = {"fwd": fwd, "bwd": bwd, "step": np.where(upper, fwd + bwd, np.inf),
-                                         "tail": diff(prof.optimizer_seconds), "sync": nothing,
-                                         "exposed": nothing, "inflight_max": np.where(upper, inflight, -1.0)}
+            self._bound_matrices[key] = bound_pair_terms(self._bounds[group.key].profile(m), np.array(self.cuts))
         return self._bound_matrices[key]
 
     def _synthesised(self, group: _Group) -> bool:
@@ -529,19 +476,13 @@ class StagePlanner:
                 terms = self._arc_terms.get(key)
                 if terms is None:
                     mat = self.matrices(g, m) if ready else self.bound_matrices(g, m)
-                    xf, xb = self._sends(after, fwd_bytes, bwd_bytes)
-                    xf[c - 1] = xb[c - 1] = 0.0          # the last stage sends nothing on
-                    bf, bb = self._sends(before, fwd_bytes, bwd_bytes)
-                    bf[0] = bb[0] = 0.0                  # the first stage receives nothing
-                    step = mat["step"] + blocked * (xf[None, :] + bf[:, None] + xb[None, :] + bb[:, None])
-                    link = xf + xb
-                    busy = step + link[None, :]
-                    tail = mat["exposed"] + mat["tail"]
-                    cost = busy.copy()
-                    cost[0] = cost[0] + tail[0]
-                    ahead = mat["fwd"] + blocked * (xf[None, :] + bf[:, None]) + xf[None, :]
-                    gate = np.maximum(step, link[None, :])
-                    terms = self._arc_terms[key] = (cost, gate, mat["inflight_max"], busy, busy + tail, ahead)
+                    after_sends = self._sends(after, fwd_bytes, bwd_bytes)
+                    for x in after_sends:
+                        x[c - 1] = 0.0                   # the last stage sends nothing on
+                    before_sends = self._sends(before, fwd_bytes, bwd_bytes)
+                    for x in before_sends:
+                        x[0] = 0.0                       # the first stage receives nothing
+                    terms = self._arc_terms[key] = arc_terms(mat, after_sends, before_sends, blocked)
                 arcs.append(Arc(g, pos_index[a], pos_index[g.end], *terms, bound=not ready))
         max_stages = forced_stages or min(len(positions) - 1, c - 1, MAX_STAGES)
         ks = [forced_stages] if forced_stages else list(range(2, max_stages + 1))
@@ -647,25 +588,6 @@ def pipeline_even(planner: StagePlanner) -> Pipeline | None:
         if pipe is not None and (best is None or pipe.iteration_seconds < best.iteration_seconds):
             best = pipe
     return best
-
-
-@functools.lru_cache(maxsize=8)
-def _upper_pairs(c: int) -> np.ndarray:
-    """``[i, j]``: whether cut ``j`` comes after cut ``i`` (a stage between them); read only."""
-    return np.triu(np.ones((c, c), dtype=bool), 1)
-
-
-def _all_reduce_seconds(group: Cluster, nbytes: np.ndarray) -> np.ndarray:
-    """Gradient all-reduce time over ``group`` for each byte count: alpha-beta, so affine in
-    bytes for the best variant at large sizes; priced at two sizes and interpolated."""
-    if group.world <= 1:
-        return np.zeros_like(nbytes)
-    small, large = 1e6, 1e9
-    t_small = best_variant("all_reduce", [small] * group.world, group)[1]
-    t_large = best_variant("all_reduce", [large] * group.world, group)[1]
-    slope = (t_large - t_small) / (large - small)
-    base = t_small - slope * small
-    return np.where(nbytes > 0, base + slope * nbytes, 0.0)
 
 
 def cut_candidates(graph: Graph, live_bytes: np.ndarray) -> list[int]:
