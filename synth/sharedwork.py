@@ -78,15 +78,26 @@ class SharedJobs:
         """Whether a child took jobs (else :meth:`results` runs them all here)."""
         return self._pid != 0
 
-    def results(self) -> list[Any]:
+    def results(self, while_waiting: Callable[[dict[int, Any]], None] | None = None) -> list[Any]:
         """Every job's result, in list order: the child's as they arrive, the rest run here from
-        the back of the list while none is waiting."""
+        the back of the list while none is waiting.
+
+        ``while_waiting``, when given, is called instead of idling each time this process would
+        wait for the child's current job, with the results come since the last call (by their
+        place in the list): work that needs them can start there."""
         done: list[Any] = []
         back: list[Any] = []                  # run here, last job first
+        handed = [0, 0]                       # results of each end given to while_waiting so far
         while len(done) + len(back) < len(self._jobs):
             next_back = len(self._jobs) - 1 - len(back)
             # The child runs job len(done) now: wait for it rather than start it again here.
             if self._pid and (next_back == len(done) or self._ready()):
+                if while_waiting is not None and next_back == len(done) and not self._ready():
+                    fresh = {at: done[at] for at in range(handed[0], len(done))}
+                    fresh.update({len(self._jobs) - 1 - k: back[k] for k in range(handed[1], len(back))})
+                    handed = [len(done), len(back)]
+                    if fresh:
+                        while_waiting(fresh)
                 started = time.perf_counter()
                 got = self._receive()
                 self.wait_seconds += time.perf_counter() - started

@@ -267,19 +267,32 @@ class StagePlanner:
         jobs, shared = self._shared
         self._shared = (None, [])
         self.shared_counts = {"group_jobs": len(shared)}
+
+        def take(results: dict[int, tuple]) -> None:
+            """Results taken in while the child finishes its job, and the stage DP's arcs of
+            those groups built meanwhile (else this process would idle)."""
+            for at, result in results.items():
+                self._take_group(*shared[at], result)
+            self._prepare_arcs()
+
         with gc_paused():        # the child's results unpickled: acyclic steps and arrays
-            results = jobs.results()
+            results = jobs.results(while_waiting=take)
+            for (planner, group, counts), result in zip(shared, results):
+                self._take_group(planner, group, counts, result)
         self.shared_counts["group_jobs_from_child"] = jobs.from_child
         self.shared_counts["group_jobs_wait_seconds"] = jobs.wait_seconds
-        for (planner, group, counts), (steps, layouts, shares, blocks, profiles) in zip(shared, results):
-            if group.key in planner._programs:
-                continue
-            if planner is self:
-                self.say(f"pipeline: synthesising the program of a {group.cluster.describe()} group")
-                self.group_syntheses += 1
-            planner._programs[group.key] = DistProgram(self.graph, shares, layouts, steps, _blocks=blocks)
-            for m, prof in zip(counts, profiles):
-                planner._profiles.setdefault((group.key, m), prof)
+
+    def _take_group(self, planner: StagePlanner, group: _Group, counts: list[int], result: tuple) -> None:
+        """One group job's result (:meth:`_group_work`) kept by ``planner``, once."""
+        if group.key in planner._programs:
+            return
+        steps, layouts, shares, blocks, profiles = result
+        if planner is self:
+            self.say(f"pipeline: synthesising the program of a {group.cluster.describe()} group")
+            self.group_syntheses += 1
+        planner._programs[group.key] = DistProgram(self.graph, shares, layouts, steps, _blocks=blocks)
+        for m, prof in zip(counts, profiles):
+            planner._profiles.setdefault((group.key, m), prof)
 
     def close(self) -> None:
         """Stop a child :meth:`start_groups` left running (a plan that returned early, a failed search)."""
@@ -459,37 +472,53 @@ class StagePlanner:
         c = len(self.cuts)
         flat = [r for node in nodes for r in node]
         pos_index = {p: i for i, p in enumerate(positions)}
-        fwd_bytes = self.fwd_bytes[self.cuts] / m
-        bwd_bytes = self.bwd_bytes[self.cuts] / m
-        blocked = 1.0 - self.cluster.comm_overlap
         arcs: list[Arc] = []
         for a in sorted(starts):
             for g in starts[a]:
                 if len(g.ranks) > max(1, self.batch // m):
                     continue                     # a member would get no sample of a micro-batch
                 ready = self._synthesised(g)
-                after = self._link_after(g, starts)
-                before = link_between(self.cluster, (flat[a - 1],), g.ranks) if a > 0 else None
-                # The same group between the same links costs the same wherever it sits (other
-                # positions of a node, the other device order): its arrays are shared, read only.
-                key = (g.key, m, ready, after, before)
-                terms = self._arc_terms.get(key)
-                if terms is None:
-                    mat = self.matrices(g, m) if ready else self.bound_matrices(g, m)
-                    after_sends = self._sends(after, fwd_bytes, bwd_bytes)
-                    for x in after_sends:
-                        x[c - 1] = 0.0                   # the last stage sends nothing on
-                    before_sends = self._sends(before, fwd_bytes, bwd_bytes)
-                    for x in before_sends:
-                        x[0] = 0.0                       # the first stage receives nothing
-                    terms = self._arc_terms[key] = arc_terms(mat, after_sends, before_sends, blocked)
-                arcs.append(Arc(g, pos_index[a], pos_index[g.end], *terms, bound=not ready))
+                arcs.append(Arc(g, pos_index[a], pos_index[g.end], *self._arc(g, flat, a, starts, m, ready),
+                                bound=not ready))
         max_stages = forced_stages or min(len(positions) - 1, c - 1, MAX_STAGES)
         ks = [forced_stages] if forced_stages else list(range(2, max_stages + 1))
         finite = [a.gate[np.isfinite(a.gate)] for a in arcs]
         steps = np.unique(np.concatenate(finite)) if finite else np.zeros(0)
         return StageProblem(m, len(positions), c, arcs, max_stages, ks, gpipe_memory, steps,
                         source=(nodes, positions, starts, m, forced_stages, gpipe_memory))
+
+    def _arc(self, g: _Group, flat: list[int], a: int, starts: dict[int, list[_Group]], m: int,
+             ready: bool) -> tuple[np.ndarray, ...]:
+        """The arc arrays of group ``g`` at device position ``a`` (:func:`synth.stagecosts.
+        arc_terms`). The same group between the same links costs the same wherever it sits
+        (other positions of a node, the other device order): built once, shared, read only."""
+        after = self._link_after(g, starts)
+        before = link_between(self.cluster, (flat[a - 1],), g.ranks) if a > 0 else None
+        key = (g.key, m, ready, after, before)
+        if key not in self._arc_terms:
+            c = len(self.cuts)
+            fwd_bytes, bwd_bytes = self.fwd_bytes[self.cuts] / m, self.bwd_bytes[self.cuts] / m
+            mat = self.matrices(g, m) if ready else self.bound_matrices(g, m)
+            after_sends = self._sends(after, fwd_bytes, bwd_bytes)
+            for x in after_sends:
+                x[c - 1] = 0.0                   # the last stage sends nothing on
+            before_sends = self._sends(before, fwd_bytes, bwd_bytes)
+            for x in before_sends:
+                x[0] = 0.0                       # the first stage receives nothing
+            self._arc_terms[key] = arc_terms(mat, after_sends, before_sends, 1.0 - self.cluster.comm_overlap)
+        return self._arc_terms[key]
+
+    def _prepare_arcs(self) -> None:
+        """Build ahead the arcs of every group whose program is here, for every device order and
+        micro-batch count :meth:`_plan` will solve (not knowing yet which ones it will)."""
+        for nodes in self.device_orders():
+            _, starts = self.groups_of(nodes)
+            flat = [r for node in nodes for r in node]
+            for m in self.microbatch_counts([g for gs in starts.values() for g in gs]):
+                for a in sorted(starts):
+                    for g in starts[a]:
+                        if g.key in self._programs and len(g.ranks) <= max(1, self.batch // m):
+                            self._arc(g, flat, a, starts, m, self._synthesised(g))
 
     def _refreshed(self, prob: StageProblem) -> StageProblem:
         """``prob`` built again when a group it bounds has been synthesised since."""

@@ -64,3 +64,18 @@ def test_cancel_stops_the_child_and_removes_its_files():
     while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_work_waiting_for_the_child_gets_each_result_once_by_its_place():
+    """``results(while_waiting=...)``: called when this process would wait for the child's
+    current job, with the results come since the last call, keyed by their place in the list."""
+    if not spare_core():
+        pytest.skip("one core: no child")
+    handed: list[dict] = []
+    jobs = SharedJobs([_job(i, 0.15) for i in range(5)])
+    out = jobs.results(while_waiting=lambda fresh: handed.append(dict(fresh)))
+    assert [r["job"] for r in out] == list(range(5))
+    assert handed, "this process waited for the child at least once"
+    seen = [at for fresh in handed for at in fresh]
+    assert len(seen) == len(set(seen)) and all(fresh for fresh in handed)
+    assert all(fresh[at] is out[at] for fresh in handed for at in fresh)
