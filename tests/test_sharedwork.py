@@ -71,8 +71,16 @@ def test_work_waiting_for_the_child_gets_each_result_once_by_its_place():
     current job, with the results come since the last call, keyed by their place in the list."""
     if not spare_core():
         pytest.skip("one core: no child")
+    parent = os.getpid()
+
+    def slow_in_child(i: int):
+        def run():
+            time.sleep(0.3 if os.getpid() != parent else 0.0)    # this process meets the child mid-job
+            return {"job": i}
+        return run
+
     handed: list[dict] = []
-    jobs = SharedJobs([_job(i, 0.15) for i in range(5)])
+    jobs = SharedJobs([slow_in_child(i) for i in range(5)])
     out = jobs.results(while_waiting=lambda fresh: handed.append(dict(fresh)))
     assert [r["job"] for r in out] == list(range(5))
     assert handed, "this process waited for the child at least once"
