@@ -150,12 +150,8 @@ class StagePlanner:
         self._pricers: dict[str, ProgramPricer] = {}
         self._profiles: dict[tuple[str, int], ProgramProfile] = {}
         self._matrices: dict[tuple[str, int], dict[str, np.ndarray]] = {}
-        if like is not None and like.graph is graph:        # the same graph's facts, found once
-            self.fwd_bytes, self.bwd_bytes, self.cuts, self.batch = like.fwd_bytes, like.bwd_bytes, like.cuts, like.batch
-        else:
-            self.fwd_bytes, self.bwd_bytes = boundary_bytes(graph)
-            self.cuts = cut_candidates(graph, self.fwd_bytes)
-            self.batch = batch_size(graph)
+        self._like = like if like is not None and like.graph is graph else None   # the same graph's facts, found once
+        self.batch = batch_size(graph)
         self.group_syntheses = 0
         # With lazy_groups, groups are priced by lower bounds until a plan worth pricing uses them
         # (module docstring). Off by default: on the bench clusters it saves 0-2 of 8 syntheses
@@ -168,6 +164,29 @@ class StagePlanner:
         self._shared: tuple | None = None      # the group work shared with a child (start_groups)
         self.shared_counts: dict[str, float] = {}   # how the group work was shared (not in plans: timing decides)
         self._baseline: StagePlanner | None = None
+
+    # ---- the graph's cut places: found when first asked (after the group jobs have started) ----------
+    @functools.cached_property
+    def _graph_cuts(self) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        if self._like is not None:
+            return self._like._graph_cuts
+        fwd_bytes, bwd_bytes = boundary_bytes(self.graph)
+        return fwd_bytes, bwd_bytes, cut_candidates(self.graph, fwd_bytes)
+
+    @property
+    def fwd_bytes(self) -> np.ndarray:
+        """Activation bytes live across each place between nodes (:func:`costmodel.pipeline.boundary_bytes`)."""
+        return self._graph_cuts[0]
+
+    @property
+    def bwd_bytes(self) -> np.ndarray:
+        """... the part of them that carries a gradient back."""
+        return self._graph_cuts[1]
+
+    @functools.cached_property
+    def cuts(self) -> list[int]:
+        """Where stages may start (:func:`cut_candidates`); set by hand to price given stages."""
+        return self._graph_cuts[2]
 
     # ---- groups ------------------------------------------------------------------------------
     def _default_group_program(self, graph: Graph, group: Cluster) -> DistProgram:
@@ -240,7 +259,7 @@ class StagePlanner:
     def _baseline_work(self) -> list[tuple]:
         """``pipeline-even``'s node groups and the micro-batch counts it prices them at."""
         nodes = [list(h.devices) for h in self.cluster.nodes]
-        if len(nodes) < 2 or len(self.cuts) - 2 < len(nodes) - 1:
+        if len(nodes) < 2:            # (whether the model has places enough to cut is found later)
             return []
         even = self.baseline_planner()
         groups = {g.key: g for g in (even.group(n) for n in nodes)}
