@@ -501,7 +501,8 @@ class StagePlanner:
                                 bound=not ready))
         max_stages = forced_stages or min(len(positions) - 1, c - 1, MAX_STAGES)
         ks = [forced_stages] if forced_stages else list(range(2, max_stages + 1))
-        finite = [a.gate[np.isfinite(a.gate)] for a in arcs]
+        gates = {id(a.gate): a.gate for a in arcs}          # shared by arcs of the same group and links
+        finite = [gate[np.isfinite(gate)] for gate in gates.values()]
         steps = np.unique(np.concatenate(finite)) if finite else np.zeros(0)
         return StageProblem(m, len(positions), c, arcs, max_stages, ks, gpipe_memory, steps,
                         source=(nodes, positions, starts, m, forced_stages, gpipe_memory))
