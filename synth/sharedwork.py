@@ -85,6 +85,12 @@ class SharedJobs:
         ``while_waiting``, when given, is called instead of idling each time this process would
         wait for the child's current job, with the results come since the last call (by their
         place in the list): work that needs them can start there."""
+        try:
+            return self._results(while_waiting)
+        finally:
+            self._stop()                      # also when a job or while_waiting raised
+
+    def _results(self, while_waiting: Callable[[dict[int, Any]], None] | None) -> list[Any]:
         done: list[Any] = []
         back: list[Any] = []                  # run here, last job first
         handed = [0, 0]                       # results of each end given to while_waiting so far
@@ -107,7 +113,6 @@ class SharedJobs:
                     continue
                 self._stop()                  # the child ended early: the rest run here
             back.append(self._jobs[next_back]())
-        self._stop()
         return done + back[::-1]
 
     def cancel(self) -> None:

@@ -160,7 +160,7 @@ class StagePlanner:
         self._bounds: dict[str, StageBounds] = {}
         self._bound_matrices: dict[tuple[str, int], dict[str, np.ndarray]] = {}
         self._send_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-        self._arc_terms: dict[tuple, tuple[np.ndarray, ...]] = {}    # see _problem
+        self._arc_terms: dict[tuple, tuple[np.ndarray, ...]] = {}    # see _arc
         self._shared: tuple | None = None      # the group work shared with a child (start_groups)
         self.shared_counts: dict[str, float] = {}   # how the group work was shared (not in plans: timing decides)
         self._baseline: StagePlanner | None = None

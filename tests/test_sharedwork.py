@@ -87,3 +87,23 @@ def test_work_waiting_for_the_child_gets_each_result_once_by_its_place():
     seen = [at for fresh in handed for at in fresh]
     assert len(seen) == len(set(seen)) and all(fresh for fresh in handed)
     assert all(fresh[at] is out[at] for fresh in handed for at in fresh)
+
+
+def test_a_failing_waiting_work_stops_the_child_and_removes_its_files():
+    if not spare_core():
+        pytest.skip("one core: no child")
+    parent = os.getpid()
+
+    def slow_in_child():
+        time.sleep(0.3 if os.getpid() != parent else 0.0)
+        return 1
+
+    jobs = SharedJobs([slow_in_child for _ in range(4)])
+    folder = jobs._folder
+
+    def fail(fresh):
+        raise ValueError("while waiting")
+
+    with pytest.raises(ValueError):
+        jobs.results(while_waiting=fail)
+    assert not jobs.forked and not os.path.exists(folder)
