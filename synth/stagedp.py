@@ -12,7 +12,8 @@ position, first cut) gives the least ``W + e_0``: a lower bound on ``W + H`` for
 under the cap (``H >= e_0``), each stage's memory checked for the micro-batches it holds. Caps
 are the distinct step values: an interval of caps ``[lo, hi]`` solved at ``hi`` proves
 ``(m - 1) * cap_lo + bound`` for all its plans and is dropped when that reaches the incumbent;
-the plan found at ``hi`` closes the caps from its own bottleneck up.
+the plan found at ``hi`` closes the caps from its own bottleneck up. Since ``W >= B`` and
+``H >= 0``, no plan takes less than ``m * B``: caps from ``incumbent / m`` up are never solved.
 
 **Best first, over every problem.** The open cap intervals of all problems wait in one
 order, least bound first, and each DP run takes up to :data:`CAP_BATCH` of the problem that
@@ -33,7 +34,9 @@ the whole problem but 2 in every run after the first.
 **Exact where the tail decides.** Where a later stage's tail ends the iteration (``H > e_0``)
 and the bound is still under the incumbent, a DP over Pareto fronts of ``(W, V = W + H)`` per
 state prices that cap instead (``V = max(w + x + e + W_rest, f + x_f + V_rest)``, monotone in
-both). A search reports its gap to the least bound left open: non-zero only when
+both). Before it, :func:`tail_bound` (that recursion with ``W_rest`` and ``V_rest`` each at
+their least) shows in one cheap pass whether it could find anything under the incumbent.
+A search reports its gap to the least bound left open: non-zero only when
 :data:`DP_RUN_LIMIT`, :data:`FRONT_RUN_LIMIT` or a front wider than :data:`FRONT_WIDTHS` cut
 the proof short.
 
