@@ -7,7 +7,10 @@ back of the list, and when the two meet the child is stopped. So neither core id
 are left, whichever finishes its own work first. A fork shares the parent's memory without
 copying or pickling it; only results come back, pickled into files of a private temporary
 folder (a pipe would hold the child at its first result while this process is busy), each
-announced through a pipe once written.
+announced through a pipe once written. Where this process would wait for the child's last job,
+the caller's ``while_waiting`` work runs instead (the stage planner builds its DP's arcs of the
+groups come so far); the stopped child is reaped by a thread, since tearing down the copy of a
+large heap takes the kernel ~10 ms.
 
 Where there is no spare core (:func:`hapc.forked.spare_core`: one core, no ``fork``, or
 ``HAPC_SERIAL`` set), or the child fails in any way, the jobs simply run here: the results are
