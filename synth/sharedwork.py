@@ -7,7 +7,10 @@ back of the list, and when the two meet the child is stopped. So neither core id
 are left, whichever finishes its own work first. A fork shares the parent's memory without
 copying or pickling it; only results come back, pickled into files of a private temporary
 folder (a pipe would hold the child at its first result while this process is busy), each
-announced through a pipe once written.
+announced through a pipe once written. Where this process would wait for the child's last job,
+the caller's ``while_waiting`` work runs instead (the stage planner builds its DP's arcs of the
+groups come so far); the stopped child is reaped by a thread, since tearing down the copy of a
+large heap takes the kernel ~10 ms.
 
 Where there is no spare core (:func:`hapc.forked.spare_core`: one core, no ``fork``, or
 ``HAPC_SERIAL`` set), or the child fails in any way, the jobs simply run here: the results are
@@ -24,6 +27,7 @@ import shutil
 import signal
 import struct
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -77,15 +81,32 @@ class SharedJobs:
         """Whether a child took jobs (else :meth:`results` runs them all here)."""
         return self._pid != 0
 
-    def results(self) -> list[Any]:
+    def results(self, while_waiting: Callable[[dict[int, Any]], None] | None = None) -> list[Any]:
         """Every job's result, in list order: the child's as they arrive, the rest run here from
-        the back of the list while none is waiting."""
+        the back of the list while none is waiting.
+
+        ``while_waiting``, when given, is called instead of idling each time this process would
+        wait for the child's current job, with the results come since the last call (by their
+        place in the list): work that needs them can start there."""
+        try:
+            return self._results(while_waiting)
+        finally:
+            self._stop()                      # also when a job or while_waiting raised
+
+    def _results(self, while_waiting: Callable[[dict[int, Any]], None] | None) -> list[Any]:
         done: list[Any] = []
         back: list[Any] = []                  # run here, last job first
+        handed = [0, 0]                       # results of each end given to while_waiting so far
         while len(done) + len(back) < len(self._jobs):
             next_back = len(self._jobs) - 1 - len(back)
             # The child runs job len(done) now: wait for it rather than start it again here.
             if self._pid and (next_back == len(done) or self._ready()):
+                if while_waiting is not None and next_back == len(done) and not self._ready():
+                    fresh = {at: done[at] for at in range(handed[0], len(done))}
+                    fresh.update({len(self._jobs) - 1 - k: back[k] for k in range(handed[1], len(back))})
+                    handed = [len(done), len(back)]
+                    if fresh:
+                        while_waiting(fresh)
                 started = time.perf_counter()
                 got = self._receive()
                 self.wait_seconds += time.perf_counter() - started
@@ -95,7 +116,6 @@ class SharedJobs:
                     continue
                 self._stop()                  # the child ended early: the rest run here
             back.append(self._jobs[next_back]())
-        self._stop()
         return done + back[::-1]
 
     def cancel(self) -> None:
@@ -127,8 +147,18 @@ class SharedJobs:
         if self._pid:
             os.kill(self._pid, signal.SIGKILL)
             os.close(self._read)
-            os.waitpid(self._pid, 0)
+            # Reaped beside: the kernel takes ~10 ms to tear down a forked copy of a large heap,
+            # which this process need not wait for.
+            threading.Thread(target=_reap, args=(self._pid,), name="hapc-reap", daemon=True).start()
             self._pid = 0
         if self._folder:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = ""
+
+
+def _reap(pid: int) -> None:
+    """Wait for a stopped child to end (quietly, should something else have reaped it)."""
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass

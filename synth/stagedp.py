@@ -12,7 +12,8 @@ position, first cut) gives the least ``W + e_0``: a lower bound on ``W + H`` for
 under the cap (``H >= e_0``), each stage's memory checked for the micro-batches it holds. Caps
 are the distinct step values: an interval of caps ``[lo, hi]`` solved at ``hi`` proves
 ``(m - 1) * cap_lo + bound`` for all its plans and is dropped when that reaches the incumbent;
-the plan found at ``hi`` closes the caps from its own bottleneck up.
+the plan found at ``hi`` closes the caps from its own bottleneck up. Since ``W >= B`` and
+``H >= 0``, no plan takes less than ``m * B``: caps from ``incumbent / m`` up are never solved.
 
 **Best first, over every problem.** The open cap intervals of all problems wait in one
 order, least bound first, and each DP run takes up to :data:`CAP_BATCH` of the problem that
@@ -23,11 +24,19 @@ closed, whichever problem that incumbent comes from.
 matters: 1F1B holds ``min(m, k)`` micro-batches on a stage with ``k`` stages from it on, and a
 plan needs two stages, so all ``k >= max(m, 2)`` share one layer (with a self-loop, solved in
 decreasing device positions) whenever the stage limit is implied by the positions and cuts.
+Where memory is ample the counts collapse further: when no stage that could run has room for
+fewer than ``min(m, max_stages)`` micro-batches but at least ``t``, every ``k >= t`` closes the
+same stages and shares the top layer (BERT-24 and ViT-24 on HAP-8: 2 layers, not up to 8).
+The stages short of memory are the big, slow ones, so a DP run under a cap sees only the
+stages whose step is under it (:meth:`StageProblem.under`): GPT-48 on HAP-8 keeps 8 layers for
+the whole problem but 2 in every run after the first.
 
 **Exact where the tail decides.** Where a later stage's tail ends the iteration (``H > e_0``)
 and the bound is still under the incumbent, a DP over Pareto fronts of ``(W, V = W + H)`` per
 state prices that cap instead (``V = max(w + x + e + W_rest, f + x_f + V_rest)``, monotone in
-both). A search reports its gap to the least bound left open: non-zero only when
+both). Before it, :func:`tail_bound` (that recursion with ``W_rest`` and ``V_rest`` each at
+their least) shows in one cheap pass whether it could find anything under the incumbent.
+A search reports its gap to the least bound left open: non-zero only when
 :data:`DP_RUN_LIMIT`, :data:`FRONT_RUN_LIMIT` or a front wider than :data:`FRONT_WIDTHS` cut
 the proof short.
 
@@ -40,7 +49,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -88,13 +97,57 @@ class StageProblem:
     ahead: np.ndarray | None = None      # [p, i] least forward time before a state (a bound)
     source: tuple = ()                   # what built it (to build it again once groups are synthesised)
 
+    _top: int | None = field(default=None, repr=False)   # :attr:`top`, found once
+    _short: tuple | None = field(default=None, repr=False)   # see _short_stages
+    _views: dict = field(default_factory=dict, repr=False)   # see under
+    _bottleneck: float | None = field(default=None, repr=False)   # see least_bottleneck
+
     @property
     def top(self) -> int:
         """The last stage-count layer the DPs keep (module docstring: counts collapsed)."""
+        if self._top is None:
+            self._top = self._least_top(math.inf)
+        return self._top
+
+    def _least_top(self, cap: float) -> int:
+        """The top layer for DPs whose steps are all at most ``cap``."""
         if self.ks != list(range(2, self.max_stages + 1)) or \
                 self.max_stages < min(self.n_pos - 1, self.n_cuts - 1):
             return self.max_stages        # forced counts, or a stage limit the positions do not imply
-        return min(self.max_stages, 2 if self.gpipe_memory else max(self.m, 2))
+        if self.gpipe_memory:
+            return min(self.max_stages, 2)
+        # Layers t..top hold min(m, t)..min(m, top) micro-batches; they close the same stages,
+        # and so are one layer, when no stage that could run has room for a count in between.
+        top, gates, held = self._short_stages()
+        held = held[gates <= cap]
+        return min(top, max(2, math.floor(held.max()) + 1)) if len(held) else 2
+
+    def _short_stages(self) -> tuple[int, np.ndarray, np.ndarray]:
+        """The top layer memory alone would keep (``max(m, 2)``), and the step gates and
+        in-flight limits of the stages with room for fewer than ``min(m, top)`` micro-batches."""
+        if self._short is None:
+            top = min(self.max_stages, max(self.m, 2))
+            most = min(self.m, top)
+            short = [(a.gate < np.inf) & (a.inflight_max < most) for a in self.arcs]
+            self._short = (top, np.concatenate([a.gate[s] for a, s in zip(self.arcs, short)] + [np.zeros(0)]),
+                           np.concatenate([a.inflight_max[s] for a, s in zip(self.arcs, short)] + [np.zeros(0)]))
+        return self._short
+
+    def least_short_gate(self) -> float:
+        """The least step of a stage short of memory for some stage count (inf when none is)."""
+        gates = self._short_stages()[1]
+        return float(gates.min()) if len(gates) else math.inf
+
+    def under(self, cap: float) -> StageProblem:
+        """The problem as a DP whose steps are all at most ``cap`` sees it: the stages over the
+        cap are closed there, so only the others' memory tells stage counts apart, and the
+        layers may collapse further than :attr:`top` (the same values, fewer layers)."""
+        top = self._least_top(cap)
+        if top >= self.top:
+            return self
+        if top not in self._views:
+            self._views[top] = replace(self, _top=top, _views={}, _bottleneck=None)
+        return self._views[top]
 
     @property
     def looped(self) -> bool:
@@ -162,6 +215,14 @@ class _Run:
             least_step = least_bottleneck(prob)
             if math.isfinite(least_step):                # else nothing fits
                 self.pending = [(0.0, int(np.searchsorted(prob.steps, least_step)), len(prob.steps) - 1)]
+        self.step_floors = prob.steps * prob.m          # no plan with that slowest step takes less
+
+    def winnable(self, incumbent: float) -> list[tuple[float, int, int]]:
+        """The open intervals without the caps at which no plan beats ``incumbent``: with ``m``
+        micro-batches a plan whose slowest step is ``B`` takes ``(m - 1) B + W + H >= m B``
+        (``W`` sums every step, ``H >= 0``), so caps from ``incumbent / m`` up are not solved."""
+        last = int(np.searchsorted(self.step_floors, incumbent, side="left")) - 1
+        return [(bound, first, min(hi, last)) for bound, first, hi in self.pending if min(hi, last) >= first]
 
 
 def solve_pass(problems: Sequence[StageProblem], search: StageSearch, *, fronts: bool,
@@ -190,6 +251,9 @@ def solve_pass(problems: Sequence[StageProblem], search: StageSearch, *, fronts:
                 run.proven.extend(iv[0] for iv in run.pending)      # unexplored: counted in the gap
             break
         run = runs[best_at]
+        run.pending = run.winnable(search.upper)
+        if not run.pending:
+            continue
         run.pending.sort()
         batch, run.pending = run.pending[:CAP_BATCH], run.pending[CAP_BATCH:]
         missing = _solve_caps(run, batch, search, fronts)
@@ -208,17 +272,18 @@ def _solve_caps(run: _Run, batch: list[tuple[float, int, int]], search: StageSea
     cap (the problem's run is then void), else none."""
     prob, steps = run.prob, run.prob.steps
     caps = steps[[hi for _, _, hi in batch]]
-    value, pick_arc, pick_cut, pick_loop = cap_dp(prob, caps)
+    dp = prob.under(float(caps.max()))           # fewer layers where only slower stages lack memory
+    value, pick_arc, pick_cut, pick_loop = cap_dp(dp, caps)
     search.dp_runs += 1
     search.pass_runs += 1
-    layers = prob.layers()
+    layers = dp.layers()
     for b, (_, first, hi) in enumerate(batch):
         totals = [value[k, b, 0, 0] for k in layers]
         least = float(min(totals))
         if not math.isfinite(least):
             continue                          # no plan under this cap, nor under any smaller
         k = layers[int(np.argmin(totals))]
-        chosen = _walk(prob, pick_arc, pick_cut, pick_loop, b, k)
+        chosen = _walk(dp, pick_arc, pick_cut, pick_loop, b, k)
         bottleneck = max(float(arc.gate[i, j]) for arc, i, j in chosen)
         t = int(np.searchsorted(steps, bottleneck))
         if not search.open((prob.m - 1) * steps[t] + least):
@@ -230,8 +295,12 @@ def _solve_caps(run: _Run, batch: list[tuple[float, int, int]], search: StageSea
         if fronts and search.open((prob.m - 1) * steps[t] + least) and search.pareto_runs < FRONT_RUN_LIMIT and \
                 not unsynthesised(chosen) and pipeline_sum(chosen) + tail_excess(chosen) > least * (1 + EXACT_TOLERANCE):
             # A later stage's tail ends the iteration: the bound W + e0 is not tight here.
-            # The exact DP over (W, V) fronts prices the cap instead.
-            exact = pareto_dp(prob, float(steps[hi]), search.upper - (prob.m - 1) * steps[first])
+            # The exact DP over (W, V) fronts prices the cap instead, unless a cheaper bound
+            # on V shows it would find nothing under the incumbent.
+            limit = search.upper - (prob.m - 1) * steps[first]
+            if tail_bound(dp, value, b, float(steps[hi])) >= limit:
+                continue
+            exact = pareto_dp(prob.under(float(steps[hi])), float(steps[hi]), limit)
             search.pareto_runs += 1
             if exact is not None:
                 least, chosen = exact
@@ -253,7 +322,20 @@ def _solve_caps(run: _Run, batch: list[tuple[float, int, int]], search: StageSea
 
 # ---- the DPs ---------------------------------------------------------------------------------
 def least_bottleneck(prob: StageProblem) -> float:
-    """The smallest slowest step of any plan that fits (a min-max DP)."""
+    """The smallest slowest step of any plan that fits (a min-max DP), found once per problem.
+
+    First with the layers collapsed as if every stage short of memory were closed (its step
+    gate is over the cap): when the plan found steps under all of those, it is one of the full
+    problem too, and no plan of the full problem has a smaller bottleneck."""
+    if prob._bottleneck is None:
+        below = float(np.nextafter(prob.least_short_gate(), -np.inf))
+        dp = prob.under(below)
+        found = _least_bottleneck(dp) if dp is not prob else math.inf
+        prob._bottleneck = found if found <= below else _least_bottleneck(prob)
+    return prob._bottleneck
+
+
+def _least_bottleneck(prob: StageProblem) -> float:
     c, top = prob.n_cuts, prob.top
     worst = np.full((top + 1, prob.n_pos, c), np.inf)
     worst[0, :, c - 1] = 0.0
@@ -261,6 +343,8 @@ def least_bottleneck(prob: StageProblem) -> float:
         gates = prob.gates_at(k)
         for ai, sources in prob.steps_into(k):
             arc = prob.arcs[ai]
+            if arc.end + k > prob.n_pos:
+                continue                     # too few device positions left for the stages after it
             nxt = worst[sources[0], arc.end] if len(sources) == 1 else \
                 np.minimum(worst[sources[0], arc.end], worst[sources[1], arc.end])
             best = np.maximum(gates[ai], nxt[None, :]).min(axis=1)
@@ -281,10 +365,13 @@ def cap_dp(prob: StageProblem, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray
     pick_cut = np.zeros(shape, dtype=np.int32)
     pick_loop = np.zeros((n_caps, prob.n_pos, c), dtype=bool)      # top layer: the next stage on it too
     cap = caps[:, None, None]
+    rows = np.arange(n_caps)[:, None]
     for k in range(1, top + 1):
         gates = prob.gates_at(k)
         for ai, sources in prob.steps_into(k):
             arc = prob.arcs[ai]
+            if arc.end + k > prob.n_pos:
+                continue                     # too few device positions left for the stages after it
             nxt = value[sources[0], :, arc.end]                              # [caps, cuts]
             loop = None
             if len(sources) == 2:
@@ -303,7 +390,7 @@ def cap_dp(prob: StageProblem, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray
             total = np.where(gates[ai][None, :i1, j0:j1] <= cap,
                              arc.cost[None, :i1, j0:j1] + nxt[:, None, j0:j1], np.inf)
             j = total.argmin(axis=2)
-            t = np.take_along_axis(total, j[:, :, None], axis=2)[:, :, 0]
+            t = total.min(axis=2)
             j += j0
             here = value[k, :, arc.start, :i1]
             better = t < here
@@ -312,7 +399,7 @@ def cap_dp(prob: StageProblem, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray
                 pick_arc[k, :, arc.start, :i1][better] = ai
                 pick_cut[k, :, arc.start, :i1][better] = j[better]
                 if loop is not None:
-                    pick_loop[:, arc.start, :i1][better] = np.take_along_axis(loop, j, axis=1)[better]
+                    pick_loop[:, arc.start, :i1][better] = loop[rows, j][better]
     return value, pick_arc, pick_cut, pick_loop
 
 
@@ -345,6 +432,29 @@ def pareto_dp(prob: StageProblem, cap: float, limit: float) -> tuple[float, Chos
     return None
 
 
+def tail_bound(prob: StageProblem, value: np.ndarray, b: int, cap: float) -> float:
+    """A lower bound on ``V = W + H`` of every plan under ``cap`` (caps[b] of a :func:`cap_dp`
+    run that gave ``value``): the front DP's ``V = max(w + x + e + W_rest, f + x_f + V_rest)``
+    with ``W_rest`` and ``V_rest`` each at their least, which ``value`` holds for ``W_rest``
+    (a stage after the first never starts at cut 0, where ``value`` adds ``e0``). Where it
+    reaches the incumbent, the front DP would find no plan below it."""
+    c, top = prob.n_cuts, prob.top
+    least_v = np.full((top + 1, prob.n_pos, c), np.inf)
+    least_v[0, :, c - 1] = -np.inf               # no stage after the last: its own end decides
+    for k in range(1, top + 1):
+        gates = prob.gates_at(k)
+        for ai, sources in prob.steps_into(k):      # decreasing starts on a self-looped layer
+            arc = prob.arcs[ai]
+            if arc.end + k > prob.n_pos:
+                continue
+            for src in sources:
+                rest_w, rest_v = value[src, b, arc.end], least_v[src, arc.end]
+                v = np.maximum(arc.busy_tail + rest_w[None, :], arc.ahead + rest_v[None, :])
+                v = np.where(gates[ai] <= cap, v, np.inf).min(axis=1)
+                np.minimum(least_v[k, arc.start], v, out=least_v[k, arc.start])
+    return float(min(least_v[k, 0, 0] for k in prob.layers()))
+
+
 def least_ahead(prob: StageProblem) -> np.ndarray:
     """``[p, i]``: the least sum of ``f + x_f`` of stages covering cuts ``0..i`` on the
     devices before position ``p`` (caps and memory ignored: a bound)."""
@@ -370,7 +480,8 @@ def _pareto_fronts(prob: StageProblem, cap: float, width: int, limit: float) -> 
         gates = prob.gates_at(k)
         by_start: dict[int, list[tuple[int, list[int]]]] = {}
         for ai, sources in prob.steps_into(k):
-            by_start.setdefault(prob.arcs[ai].start, []).append((ai, sources))
+            if prob.arcs[ai].end + k <= prob.n_pos:          # else too few positions left after it
+                by_start.setdefault(prob.arcs[ai].start, []).append((ai, sources))
         for p, arc_ids in by_start.items():         # decreasing starts on a self-looped layer
             ws, vs, ids = [], [], []
             for ai, sources in arc_ids:

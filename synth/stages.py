@@ -32,6 +32,10 @@ with the fronts where needed. The plan reports ``exact`` and its ``gap`` to the 
 left open (non-zero only when a budget of :mod:`synth.stagedp` cut the proof short, or when
 GPipe is forced: its bound is the 1F1B relaxation).
 
+**Cut-pair arrays** (:mod:`synth.stagecosts`): a group's profile turned into what a stage over
+any pair of cuts costs on it, and with the sends to its neighbours into the DP's arcs; the same
+group between the same links is built once, whatever its position or device order.
+
 **Groups priced by bounds first** (``lazy_groups=True``). A group's program costs an A* (and
 for unequal devices the share LP's rounds); :mod:`costmodel.stagebounds` bounds what any
 program on the group costs per node range without one. Arcs of groups not yet synthesised
@@ -65,7 +69,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from costmodel.cluster import Cluster, Link
-from costmodel.collectives import best_variant
 from costmodel.compute import lower_bound_seconds
 from costmodel.groups import group_key, link_between, sub_cluster
 from costmodel.stagebounds import StageBounds, bounds_available
@@ -83,6 +86,8 @@ from costmodel.pipeline import (  # noqa: I001
 from hapc.errors import UserError
 from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
+from synth.gcpause import gc_paused
+from synth.stagecosts import arc_terms, bound_pair_terms, cut_pair_terms
 from synth.stagedp import EXACT_TOLERANCE, Arc, StageProblem, StageSearch, solve_pass
 
 MAX_CUTS = 48            # cut candidates kept for the DP (evenly by work when there are more)
@@ -145,12 +150,8 @@ class StagePlanner:
         self._pricers: dict[str, ProgramPricer] = {}
         self._profiles: dict[tuple[str, int], ProgramProfile] = {}
         self._matrices: dict[tuple[str, int], dict[str, np.ndarray]] = {}
-        if like is not None and like.graph is graph:        # the same graph's facts, found once
-            self.fwd_bytes, self.bwd_bytes, self.cuts, self.batch = like.fwd_bytes, like.bwd_bytes, like.cuts, like.batch
-        else:
-            self.fwd_bytes, self.bwd_bytes = boundary_bytes(graph)
-            self.cuts = cut_candidates(graph, self.fwd_bytes)
-            self.batch = batch_size(graph)
+        self._like = like if like is not None and like.graph is graph else None   # the same graph's facts, found once
+        self.batch = batch_size(graph)
         self.group_syntheses = 0
         # With lazy_groups, groups are priced by lower bounds until a plan worth pricing uses them
         # (module docstring). Off by default: on the bench clusters it saves 0-2 of 8 syntheses
@@ -159,9 +160,33 @@ class StagePlanner:
         self._bounds: dict[str, StageBounds] = {}
         self._bound_matrices: dict[tuple[str, int], dict[str, np.ndarray]] = {}
         self._send_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._arc_terms: dict[tuple, tuple[np.ndarray, ...]] = {}    # see _arc
         self._shared: tuple | None = None      # the group work shared with a child (start_groups)
         self.shared_counts: dict[str, float] = {}   # how the group work was shared (not in plans: timing decides)
         self._baseline: StagePlanner | None = None
+
+    # ---- the graph's cut places: found when first asked (after the group jobs have started) ----------
+    @functools.cached_property
+    def _graph_cuts(self) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        if self._like is not None:
+            return self._like._graph_cuts
+        fwd_bytes, bwd_bytes = boundary_bytes(self.graph)
+        return fwd_bytes, bwd_bytes, cut_candidates(self.graph, fwd_bytes)
+
+    @property
+    def fwd_bytes(self) -> np.ndarray:
+        """Activation bytes live across each place between nodes (:func:`costmodel.pipeline.boundary_bytes`)."""
+        return self._graph_cuts[0]
+
+    @property
+    def bwd_bytes(self) -> np.ndarray:
+        """... the part of them that carries a gradient back."""
+        return self._graph_cuts[1]
+
+    @functools.cached_property
+    def cuts(self) -> list[int]:
+        """Where stages may start (:func:`cut_candidates`); set by hand to price given stages."""
+        return self._graph_cuts[2]
 
     # ---- groups ------------------------------------------------------------------------------
     def _default_group_program(self, graph: Graph, group: Cluster) -> DistProgram:
@@ -234,7 +259,7 @@ class StagePlanner:
     def _baseline_work(self) -> list[tuple]:
         """``pipeline-even``'s node groups and the micro-batch counts it prices them at."""
         nodes = [list(h.devices) for h in self.cluster.nodes]
-        if len(nodes) < 2 or len(self.cuts) - 2 < len(nodes) - 1:
+        if len(nodes) < 2:            # (whether the model has places enough to cut is found later)
             return []
         even = self.baseline_planner()
         groups = {g.key: g for g in (even.group(n) for n in nodes)}
@@ -245,10 +270,11 @@ class StagePlanner:
     def _group_work(self, group: _Group, counts: list[int]) -> tuple:
         """One group's program (as parts) and its profiles at ``counts`` micro-batches; no
         side effects, so a child can run it and send the result back."""
-        program = self._programs.get(group.key) or self._synthesize_group(self.graph, group.cluster)
-        pricer = ProgramPricer(program, group.cluster, self.optimizer)
-        return program.steps, program.source_layouts, program.shares, program._blocks, \
-            [pricer.profile(m) for m in counts]
+        with gc_paused():        # thousands of acyclic steps and rows (synth.gcpause)
+            program = self._programs.get(group.key) or self._synthesize_group(self.graph, group.cluster)
+            pricer = ProgramPricer(program, group.cluster, self.optimizer)
+            return program.steps, program.source_layouts, program.shares, program._blocks, \
+                [pricer.profile(m) for m in counts]
 
     def _finish_groups(self) -> None:
         """The groups :meth:`start_groups` shared, done and taken in (the child's part as it
@@ -260,18 +286,32 @@ class StagePlanner:
         jobs, shared = self._shared
         self._shared = (None, [])
         self.shared_counts = {"group_jobs": len(shared)}
-        results = jobs.results()
+
+        def take(results: dict[int, tuple]) -> None:
+            """Results taken in while the child finishes its job, and the stage DP's arcs of
+            those groups built meanwhile (else this process would idle)."""
+            for at, result in results.items():
+                self._take_group(*shared[at], result)
+            self._prepare_arcs()
+
+        with gc_paused():        # the child's results unpickled: acyclic steps and arrays
+            results = jobs.results(while_waiting=take)
+            for (planner, group, counts), result in zip(shared, results):
+                self._take_group(planner, group, counts, result)
         self.shared_counts["group_jobs_from_child"] = jobs.from_child
         self.shared_counts["group_jobs_wait_seconds"] = jobs.wait_seconds
-        for (planner, group, counts), (steps, layouts, shares, blocks, profiles) in zip(shared, results):
-            if group.key in planner._programs:
-                continue
-            if planner is self:
-                self.say(f"pipeline: synthesising the program of a {group.cluster.describe()} group")
-                self.group_syntheses += 1
-            planner._programs[group.key] = DistProgram(self.graph, shares, layouts, steps, _blocks=blocks)
-            for m, prof in zip(counts, profiles):
-                planner._profiles.setdefault((group.key, m), prof)
+
+    def _take_group(self, planner: StagePlanner, group: _Group, counts: list[int], result: tuple) -> None:
+        """One group job's result (:meth:`_group_work`) kept by ``planner``, once."""
+        if group.key in planner._programs:
+            return
+        steps, layouts, shares, blocks, profiles = result
+        if planner is self:
+            self.say(f"pipeline: synthesising the program of a {group.cluster.describe()} group")
+            self.group_syntheses += 1
+        planner._programs[group.key] = DistProgram(self.graph, shares, layouts, steps, _blocks=blocks)
+        for m, prof in zip(counts, profiles):
+            planner._profiles.setdefault((group.key, m), prof)
 
     def close(self) -> None:
         """Stop a child :meth:`start_groups` left running (a plan that returned early, a failed search)."""
@@ -345,45 +385,7 @@ class StagePlanner:
 
     def _cut_pair_terms(self, group: _Group, m: int, cuts: np.ndarray) -> dict[str, np.ndarray]:
         """:meth:`matrices` over the given cut positions only (the same floats per pair)."""
-        prof = self.profile(group, m)
-        c = len(cuts)
-
-        def diff(prefix: np.ndarray) -> np.ndarray:
-            at = prefix[cuts]
-            return at[None, :] - at[:, None]
-
-        fwd = diff(prof.fwd_compute).max(axis=2) + diff(prof.fwd_comm)
-        bwd = diff(prof.bwd_compute).max(axis=2) + diff(prof.bwd_comm)
-        static = diff(prof.static_bytes)                         # [c, c, world]
-        act = diff(prof.activation_bytes)
-        opt = diff(prof.optimizer_seconds).max(axis=2)
-        grad = diff(prof.grad_sync_bytes)
-        shared_tail = np.zeros((c, c))
-        for p, uses in prof.param_uses.items():
-            first = prof.param_first_use[p]
-            if len(uses) < 2:
-                continue
-            used = np.zeros(len(self.graph.nodes) + 1)
-            for u in uses:
-                used[u + 1] += 1
-            used = np.cumsum(used)
-            holds = (used[cuts][None, :] - used[cuts][:, None] > 0) & (cuts[:, None] > first)
-            static = static + holds[:, :, None] * prof.param_static_bytes[p][None, None, :]
-            if p in prof.param_grad_bytes:
-                shared_tail += holds * send_seconds(self.cluster.network or group.cluster.group_link(),
-                                                    prof.param_grad_bytes[p])
-        sync = _all_reduce_seconds(group.cluster, grad)
-        exposed = sync - np.minimum(sync, bwd) * self.cluster.comm_overlap
-        cap = np.array([d.memory_bytes for d in group.cluster.devices], dtype=float)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            room = (cap[None, None, :] - static) / act
-            room = np.where(act > 0, room, np.where(cap[None, None, :] >= static, np.inf, -1.0))
-        inflight_max = np.floor(room.min(axis=2))
-        upper = np.triu(np.ones((c, c), dtype=bool), 1)
-        out = {"fwd": fwd, "bwd": bwd, "step": np.where(upper, fwd + bwd, np.inf), "tail": opt + shared_tail,
-               "sync": sync, "exposed": exposed, "inflight_max": np.where(upper, inflight_max, -1.0),
-               "static": static, "act": act}
-        return out
+        return cut_pair_terms(self.profile(group, m), cuts, len(self.graph.nodes), group.cluster, self.cluster)
 
     def bound_matrices(self, group: _Group, m: int) -> dict[str, np.ndarray]:
         """What :meth:`matrices` gives, bounded below (in-flight limits bounded above) for every
@@ -392,20 +394,7 @@ class StagePlanner:
         if key not in self._bound_matrices:
             if group.key not in self._bounds:
                 self._bounds[group.key] = StageBounds(self.graph, group.cluster, self.optimizer)
-            prof = self._bounds[group.key].profile(m)
-            cuts = np.array(self.cuts)
-
-            def diff(prefix: np.ndarray) -> np.ndarray:
-                at = prefix[cuts]
-                return at[None, :] - at[:, None]
-
-            fwd, bwd = diff(prof.fwd_seconds), diff(prof.bwd_seconds)
-            upper = np.triu(np.ones((len(cuts), len(cuts)), dtype=bool), 1)
-            inflight = prof.inflight_max(cuts[:, None], cuts[None, :])
-            nothing = np.zeros_like(fwd)
-            self._bound_matrices[key] = {"fwd": fwd, "bwd": bwd, "step": np.where(upper, fwd + bwd, np.inf),
-                                         "tail": diff(prof.optimizer_seconds), "sync": nothing,
-                                         "exposed": nothing, "inflight_max": np.where(upper, inflight, -1.0)}
+            self._bound_matrices[key] = bound_pair_terms(self._bounds[group.key].profile(m), np.array(self.cuts))
         return self._bound_matrices[key]
 
     def _synthesised(self, group: _Group) -> bool:
@@ -433,7 +422,8 @@ class StagePlanner:
         ``incumbent_seconds`` (the best plan without stages) prunes: a pipeline is only
         returned when it is faster, and None then means none is (up to the reported gap)."""
         try:
-            return self._plan(stages, microbatches, schedule, incumbent_seconds)
+            with gc_paused():    # arrays and small tuples, no cycles (synth.gcpause)
+                return self._plan(stages, microbatches, schedule, incumbent_seconds)
         finally:
             self.close()
 
@@ -501,38 +491,54 @@ class StagePlanner:
         c = len(self.cuts)
         flat = [r for node in nodes for r in node]
         pos_index = {p: i for i, p in enumerate(positions)}
-        fwd_bytes = self.fwd_bytes[self.cuts] / m
-        bwd_bytes = self.bwd_bytes[self.cuts] / m
-        blocked = 1.0 - self.cluster.comm_overlap
         arcs: list[Arc] = []
         for a in sorted(starts):
             for g in starts[a]:
                 if len(g.ranks) > max(1, self.batch // m):
                     continue                     # a member would get no sample of a micro-batch
                 ready = self._synthesised(g)
-                mat = self.matrices(g, m) if ready else self.bound_matrices(g, m)
-                after = self._link_after(g, starts)
-                before = link_between(self.cluster, (flat[a - 1],), g.ranks) if a > 0 else None
-                xf, xb = self._sends(after, fwd_bytes, bwd_bytes)
-                xf[c - 1] = xb[c - 1] = 0.0          # the last stage sends nothing on
-                bf, bb = self._sends(before, fwd_bytes, bwd_bytes)
-                bf[0] = bb[0] = 0.0                  # the first stage receives nothing
-                step = mat["step"] + blocked * (xf[None, :] + bf[:, None] + xb[None, :] + bb[:, None])
-                link = xf + xb
-                busy = step + link[None, :]
-                tail = mat["exposed"] + mat["tail"]
-                cost = busy.copy()
-                cost[0] = cost[0] + tail[0]
-                ahead = mat["fwd"] + blocked * (xf[None, :] + bf[:, None]) + xf[None, :]
-                gate = np.maximum(step, link[None, :])
-                arcs.append(Arc(g, pos_index[a], pos_index[g.end], cost, gate, mat["inflight_max"],
-                                 busy, busy + tail, ahead, bound=not ready))
+                arcs.append(Arc(g, pos_index[a], pos_index[g.end], *self._arc(g, flat, a, starts, m, ready),
+                                bound=not ready))
         max_stages = forced_stages or min(len(positions) - 1, c - 1, MAX_STAGES)
         ks = [forced_stages] if forced_stages else list(range(2, max_stages + 1))
-        finite = [a.gate[np.isfinite(a.gate)] for a in arcs]
+        gates = {id(a.gate): a.gate for a in arcs}          # shared by arcs of the same group and links
+        finite = [gate[np.isfinite(gate)] for gate in gates.values()]
         steps = np.unique(np.concatenate(finite)) if finite else np.zeros(0)
         return StageProblem(m, len(positions), c, arcs, max_stages, ks, gpipe_memory, steps,
                         source=(nodes, positions, starts, m, forced_stages, gpipe_memory))
+
+    def _arc(self, g: _Group, flat: list[int], a: int, starts: dict[int, list[_Group]], m: int,
+             ready: bool) -> tuple[np.ndarray, ...]:
+        """The arc arrays of group ``g`` at device position ``a`` (:func:`synth.stagecosts.
+        arc_terms`). The same group between the same links costs the same wherever it sits
+        (other positions of a node, the other device order): built once, shared, read only."""
+        after = self._link_after(g, starts)
+        before = link_between(self.cluster, (flat[a - 1],), g.ranks) if a > 0 else None
+        key = (g.key, m, ready, after, before)
+        if key not in self._arc_terms:
+            c = len(self.cuts)
+            fwd_bytes, bwd_bytes = self.fwd_bytes[self.cuts] / m, self.bwd_bytes[self.cuts] / m
+            mat = self.matrices(g, m) if ready else self.bound_matrices(g, m)
+            after_sends = self._sends(after, fwd_bytes, bwd_bytes)
+            for x in after_sends:
+                x[c - 1] = 0.0                   # the last stage sends nothing on
+            before_sends = self._sends(before, fwd_bytes, bwd_bytes)
+            for x in before_sends:
+                x[0] = 0.0                       # the first stage receives nothing
+            self._arc_terms[key] = arc_terms(mat, after_sends, before_sends, 1.0 - self.cluster.comm_overlap)
+        return self._arc_terms[key]
+
+    def _prepare_arcs(self) -> None:
+        """Build ahead the arcs of every group whose program is here, for every device order and
+        micro-batch count :meth:`_plan` will solve (not knowing yet which ones it will)."""
+        for nodes in self.device_orders():
+            _, starts = self.groups_of(nodes)
+            flat = [r for node in nodes for r in node]
+            for m in self.microbatch_counts([g for gs in starts.values() for g in gs]):
+                for a in sorted(starts):
+                    for g in starts[a]:
+                        if g.key in self._programs and len(g.ranks) <= max(1, self.batch // m):
+                            self._arc(g, flat, a, starts, m, self._synthesised(g))
 
     def _refreshed(self, prob: StageProblem) -> StageProblem:
         """``prob`` built again when a group it bounds has been synthesised since."""
@@ -631,19 +637,6 @@ def pipeline_even(planner: StagePlanner) -> Pipeline | None:
         if pipe is not None and (best is None or pipe.iteration_seconds < best.iteration_seconds):
             best = pipe
     return best
-
-
-def _all_reduce_seconds(group: Cluster, nbytes: np.ndarray) -> np.ndarray:
-    """Gradient all-reduce time over ``group`` for each byte count: alpha-beta, so affine in
-    bytes for the best variant at large sizes; priced at two sizes and interpolated."""
-    if group.world <= 1:
-        return np.zeros_like(nbytes)
-    small, large = 1e6, 1e9
-    t_small = best_variant("all_reduce", [small] * group.world, group)[1]
-    t_large = best_variant("all_reduce", [large] * group.world, group)[1]
-    slope = (t_large - t_small) / (large - small)
-    base = t_small - slope * small
-    return np.where(nbytes > 0, base + slope * nbytes, 0.0)
 
 
 def cut_candidates(graph: Graph, live_bytes: np.ndarray) -> list[int]:
