@@ -333,8 +333,21 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def _cmd_replan(args: argparse.Namespace) -> int:
     from synth.gcpause import gc_paused
 
+    _no_collection_at_exit()
     with gc_paused():       # the whole command: see hapc.replan.replan
         return _replan_command(args)
+
+
+def _no_collection_at_exit() -> None:
+    """Freeze the heap as the interpreter exits, before its last collection: that pass over
+    everything a replan made (the graph, programs, simulations) would find no garbage in it,
+    and took 17 ms of the command's 0.25 s (GPT-48 --drop 7; 21 ms for the whole teardown).
+    Nothing changes until exit, so an in-process caller is unaffected."""
+    import atexit
+    import gc
+
+    atexit.unregister(gc.freeze)        # registered once, however many replans a process runs
+    atexit.register(gc.freeze)
 
 
 def _replan_command(args: argparse.Namespace) -> int:
