@@ -22,7 +22,10 @@ before torch is imported (:mod:`hapc.tracechild`) and plans as a warm compile do
 wall time is about the imports, model build and trace of the first list, then the warm
 list's steps from synthesize on (its imports and cluster load overlap the child's).
 
-    python -m bench.compile_time [--repeats 3] [--layers 48] [--phases [--warm]]
+``--timeline`` runs one cold compile in a fresh process and prints when each of its steps
+began and ended, in the planning process and in the child that traces.
+
+    python -m bench.compile_time [--repeats 3] [--layers 48] [--phases [--warm]] [--timeline]
 """
 
 from __future__ import annotations
@@ -172,13 +175,68 @@ def warm_phases(layers: int) -> list[tuple[str, float]]:
     return rows
 
 
+# Run in a fresh process by --timeline: hapc compile's own main, with the steps of a cold compile
+# stamped (wall seconds since start, process, CPU seconds of that process) as they begin and end.
+_TIMELINE_DRIVER = """
+import os, sys, time
+T0 = time.perf_counter()
+def stamp(what):
+    print(f"STAMP {time.perf_counter() - T0:.3f} {os.getpid()} {time.process_time():.3f} {what}", file=sys.stderr, flush=True)
+import hapc.cli, hapc.modelfile, hapc.torchimport, hapc.tracechild
+def wrap(owner, name):
+    inner = getattr(owner, name)
+    def stamped(*args, **kwargs):
+        stamp("> " + name)
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            stamp("< " + name)
+    setattr(owner, name, stamped)
+for owner, names in [(hapc.cli, ["_traced_model", "_import_planning", "_lp_backend", "_write_replan_cache"]),
+                     (hapc.torchimport, ["import_for_tracing"]), (hapc.modelfile, ["trace_meta_first"]),
+                     (hapc.tracechild.TraceChild, ["_trace_job", "_store_job", "traced", "path"])]:
+    for name in names:
+        wrap(owner, name)
+stamp("start")
+rc = hapc.cli.main(sys.argv[1:])
+stamp("end")
+sys.exit(rc)
+"""
+
+
+def timeline(layers: int) -> list[str]:
+    """One cold ``hapc compile`` in a fresh process, its steps in the order they happened in the
+    planning process and the child that traces (wall seconds from the start of ``main``; the
+    driver's imports come before). The critical path: the child's imports and trace, then the
+    parent from the end of its wait for the graph."""
+    sets = [x for k, v in {"layers": layers, **SETTINGS}.items() for x in ("--set", f"{k}={v}")]
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run([sys.executable, "-c", _TIMELINE_DRIVER, "compile", str(model_path("gpt")),
+                               "--cluster", str(HAP8), "-o", str(Path(tmp) / "out"), "-q", *sets],
+                              cwd=ROOT, capture_output=True, text=True, check=False,
+                              env=dict(os.environ, HAPC_CACHE_DIR=str(Path(tmp) / "cache")))
+    stamps = [line.split(maxsplit=4)[1:] for line in proc.stderr.splitlines() if line.startswith("STAMP ")]
+    if proc.returncode != 0 or not stamps:
+        raise RuntimeError(f"hapc compile failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+    start = float(stamps[0][0])
+    parent = stamps[0][1]
+    return [f"{float(t) - start:7.3f} s  {'parent' if pid == parent else 'child ':6s}  cpu {float(cpu):5.2f} s  {what}"
+            for t, pid, cpu, what in stamps]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.compile_time", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="cold/warm pairs to run")
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--phases", action="store_true", help="CPU seconds per step, in this process")
     parser.add_argument("--warm", action="store_true", help="with --phases: the steps of a warm (cached) compile")
+    parser.add_argument("--timeline", action="store_true",
+                        help="when each step of one cold compile began and ended, in which process")
     args = parser.parse_args(argv)
+    if args.timeline:
+        for line in timeline(args.layers):
+            say(line)
+        return 0
     if args.phases:
         rows = warm_phases(args.layers) if args.warm else phases(args.layers)
         total = sum(s for _, s in rows)
