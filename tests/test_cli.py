@@ -121,3 +121,19 @@ def test_console_script_exit_code_for_user_error(tmp_path):
     hapc_bin = Path(sys.executable).parent / "hapc"
     proc = subprocess.run([str(hapc_bin), "simulate", str(tmp_path / "missing.json")], capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_a_compile_freezes_the_heap_as_the_interpreter_exits(tmp_path):
+    """As replan does (tests/test_replan_reuse.py): the interpreter's last collection would walk
+    everything the compile made and find no garbage, so hapc compile freezes the heap at exit.
+    An earlier atexit handler runs later, after the freeze, and sees it."""
+    code = ("import atexit, gc, sys\n"
+            "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))\n"
+            "from hapc.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))")
+    args = ["compile", MLP, "--cluster", SMALL_MIXED, "-o", str(tmp_path / "out"), "-q", "--no-emit",
+            "--no-trace-cache", *MLP_SMALL]
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, check=False)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and lines[-1] == "frozen True", proc.stdout + proc.stderr[-2000:]
