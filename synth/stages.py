@@ -186,7 +186,7 @@ class StagePlanner:
     @functools.cached_property
     def cuts(self) -> list[int]:
         """Where stages may start (:func:`cut_candidates`); set by hand to price given stages."""
-        return self._graph_cuts[2]
+        return self._like.cuts if self._like is not None else self._graph_cuts[2]
 
     # ---- groups ------------------------------------------------------------------------------
     def _default_group_program(self, graph: Graph, group: Cluster) -> DistProgram:
