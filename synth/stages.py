@@ -161,6 +161,7 @@ class StagePlanner:
         self._bound_matrices: dict[tuple[str, int], dict[str, np.ndarray]] = {}
         self._send_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._arc_terms: dict[tuple, tuple[np.ndarray, ...]] = {}    # see _arc
+        self._groups_by_order: dict[tuple, tuple] = {}                 # see groups_of
         self._shared: tuple | None = None      # the group work shared with a child (start_groups)
         self.shared_counts: dict[str, float] = {}   # how the group work was shared (not in plans: timing decides)
         self._baseline: StagePlanner | None = None
@@ -186,7 +187,7 @@ class StagePlanner:
     @functools.cached_property
     def cuts(self) -> list[int]:
         """Where stages may start (:func:`cut_candidates`); set by hand to price given stages."""
-        return self._graph_cuts[2]
+        return self._like.cuts if self._like is not None else self._graph_cuts[2]
 
     # ---- groups ------------------------------------------------------------------------------
     def _default_group_program(self, graph: Graph, group: Cluster) -> DistProgram:
@@ -336,7 +337,14 @@ class StagePlanner:
         return orders
 
     def groups_of(self, nodes: list[list[int]]) -> tuple[list[int], dict[int, list[_Group]]]:
-        """Device positions and, per position, the groups that may start there."""
+        """Device positions and, per position, the groups that may start there (found once per
+        device order: each group is a sub-cluster and its key; read only)."""
+        key = tuple(tuple(node) for node in nodes)
+        if key not in self._groups_by_order:
+            self._groups_by_order[key] = self._find_groups(nodes)
+        return self._groups_by_order[key]
+
+    def _find_groups(self, nodes: list[list[int]]) -> tuple[list[int], dict[int, list[_Group]]]:
         flat = [r for node in nodes for r in node]
         parts = 4 if len(nodes) <= 2 else 2 if len(nodes) <= 4 else 1
         starts: list[int] = []
