@@ -6,7 +6,7 @@
 twice with that list cut to 2 and to 3 blocks (a shallow copy; the user's model is untouched),
 learn from the two graphs how a layer repeats, and build the graph of all layers from them.
 The two exports do not depend on each other: the one of 3 runs in a forked child on a spare
-core (:mod:`hapc.forked`) while this process exports 2.
+core (:mod:`synth.forked`) while this process exports 2.
 
 What the full trace would give is reproduced exactly, names included: torch.export names each
 node after its op with a running counter (``linear``, ``linear_1``, ...), so the counters in
@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hapc.forked import Beside
+from synth.forked import Beside
 from hapc.ir.graph import Graph, Node, Ref, Value
 
 # Below this many blocks two short traces cost about what the full one does.
@@ -113,7 +113,7 @@ def trace_repeated(model: nn.Module, inputs: Sequence[Any],
     try:
         with _positions_hidden(_module_at(model, blocks.path), blocks.index_attributes):
             # The two short traces are independent: the one of 3 runs in a forked child on the
-            # other core while this process traces 2 (hapc.forked; here, when there is no
+            # other core while this process traces 2 (synth.forked; here, when there is no
             # spare core or the child fails). Only the child's small graph comes back.
             with _gc_frozen():
                 if may_fork():

@@ -15,13 +15,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hapc.forked import Beside
+from synth.forked import Beside
 from hapc.tracecache import Recorder, TraceCache, TraceKey, process_start_ns
 from hapc.tracechild import TraceChild, may_trace_in_child, trace_in_child
 
 
 class StoreBeside:
-    """A new entry written by a forked child (:class:`hapc.forked.Beside`) while this process
+    """A new entry written by a forked child (:class:`synth.forked.Beside`) while this process
     goes on to plan: listing and stamping the sources and pickling the graph cost a quarter of
     a second, which a compile need not wait for. :meth:`path` waits for the child and passes
     on its notes; where there is no spare core the entry is written then, here."""

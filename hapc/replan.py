@@ -31,7 +31,7 @@ a cheaper fact decides:
   never simulated (dropping one of HAP's 8 devices: a floor of 1123 ms against 745 expected
   and 681 searched);
 * both overlaps' searches run one after the other in a forked child when a core is spare
-  (:mod:`hapc.forked`), each program sent back as soon as it is simulated, with the
+  (:mod:`synth.forked`), each program sent back as soon as it is simulated, with the
   figures ranking and the LP read (:class:`Figures`: not the timeline). Meanwhile this
   process prepares the writing of the plan (``while_searching``) and then re-balances the
   first search's program, which usually leads, while the child makes the second;
@@ -65,7 +65,7 @@ from costmodel.comm_floor import blocking_comm_floor_seconds
 from costmodel.simcache import SimulationCache
 from costmodel.simulator import SimResult, ahead, simulate
 from hapc.errors import UserError
-from hapc.forked import BesideEach
+from synth.forked import BesideEach
 from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
 from hapc.plan import Plan
@@ -269,7 +269,7 @@ def _search_info(result: SearchResult) -> dict[str, object]:
 
 class _SearchRound:
     """:func:`searched` under each of ``SEARCH_OVERLAPS`` at the same shares. When there is a
-    spare core they start at once, one after the other in a forked child (see hapc.forked),
+    spare core they start at once, one after the other in a forked child (see synth.forked),
     before the caller knows whether it will want them: ``auto`` may decide from a simulation
     of the old program, which then runs beside them instead of before; :meth:`cancel` stops
     them when the answer is no. Meanwhile this process does the caller's ``while_searching``

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from hapc.errors import UserError
-from hapc.forked import BesideEach, spare_core
+from synth.forked import BesideEach, spare_core
 from hapc.tracecache import (
     CachedTrace,
     Recorder,
@@ -59,7 +59,7 @@ GRACE_SECONDS = 0.5
 
 def may_trace_in_child() -> bool:
     """Whether a cold trace should run in a forked child: there is a spare core and ``fork``
-    (:func:`hapc.forked.spare_core`), this process has not imported torch (else there is no
+    (:func:`synth.forked.spare_core`), this process has not imported torch (else there is no
     import to overlap, and a fork could copy a CUDA context) and runs no other thread (a lock
     one of them held would never be released in the child)."""
     return spare_core() and "torch" not in sys.modules and threading.active_count() == 1

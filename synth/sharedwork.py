@@ -12,7 +12,7 @@ the caller's ``while_waiting`` work runs instead (the stage planner builds its D
 groups come so far); the stopped child is reaped by a thread, since tearing down the copy of a
 large heap takes the kernel ~10 ms.
 
-Where there is no spare core (:func:`hapc.forked.spare_core`: one core, no ``fork``, or
+Where there is no spare core (:func:`synth.forked.spare_core`: one core, no ``fork``, or
 ``HAPC_SERIAL`` set), or the child fails in any way, the jobs simply run here: the results are
 the same either way, only the wall time differs.
 """
@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from synth.forked import spare_core
+
 _LENGTH = struct.Struct("<Q")
 
 
@@ -40,7 +42,6 @@ class SharedJobs:
     the back and returns every result in list order."""
 
     def __init__(self, jobs: Sequence[Callable[[], Any]]) -> None:
-        from hapc.forked import spare_core      # a stdlib-only helper; no layer above synth
 
         self._jobs = list(jobs)
         self.from_child = 0                  # results the child sent (for counts and benches)

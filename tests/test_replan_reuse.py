@@ -145,10 +145,10 @@ def test_replan_after_a_drop_is_as_fast_as_a_fresh_synthesis(compiled):
 REPLAN_GAP = 0.02
 
 
-# ---- the second search in a forked child (hapc.forked) -------------------------------------------
+# ---- the second search in a forked child (synth.forked) -------------------------------------------
 
 def test_a_job_beside_runs_in_a_child_and_returns_its_value():
-    from hapc.forked import Beside, spare_core
+    from synth.forked import Beside, spare_core
 
     if not spare_core():
         pytest.skip("one core (or HAPC_SERIAL): jobs run in this process")
@@ -158,7 +158,7 @@ def test_a_job_beside_runs_in_a_child_and_returns_its_value():
 
 
 def test_a_job_beside_runs_here_when_serial_and_its_errors_surface_here(monkeypatch):
-    from hapc.forked import Beside
+    from synth.forked import Beside
 
     def fails():
         raise ValueError(f"raised in {os.getpid()}")
@@ -172,7 +172,7 @@ def test_a_job_beside_runs_here_when_serial_and_its_errors_surface_here(monkeypa
 def test_a_job_beside_that_is_not_wanted_is_stopped_and_reaped():
     import time
 
-    from hapc.forked import Beside, spare_core
+    from synth.forked import Beside, spare_core
 
     if not spare_core():
         pytest.skip("one core (or HAPC_SERIAL): nothing runs until asked")
@@ -188,7 +188,7 @@ def test_a_job_beside_that_is_not_wanted_is_stopped_and_reaped():
 def test_a_job_beside_says_when_its_result_is_ready():
     import time
 
-    from hapc.forked import Beside, spare_core
+    from synth.forked import Beside, spare_core
 
     if not spare_core():
         pytest.skip("one core (or HAPC_SERIAL): nothing runs until asked")
@@ -246,12 +246,12 @@ def test_a_stamp_that_misses_falls_back_to_the_fingerprint_never_to_a_stale_cach
     assert written["graph"] == reuse.graph_fingerprint(Plan.load(out / "plan.json").graph)
 
 
-# ---- both searches in one child, each result sent when made (hapc.forked.BesideEach) ---------------
+# ---- both searches in one child, each result sent when made (synth.forked.BesideEach) ---------------
 
 def test_jobs_beside_come_back_one_by_one_as_each_is_made():
     import time
 
-    from hapc.forked import BesideEach, spare_core
+    from synth.forked import BesideEach, spare_core
 
     if not spare_core():
         pytest.skip("one core (or HAPC_SERIAL): jobs run in this process")
@@ -265,7 +265,7 @@ def test_jobs_beside_come_back_one_by_one_as_each_is_made():
 
 
 def test_a_job_that_fails_in_the_child_runs_here_with_the_ones_after_it(monkeypatch):
-    from hapc.forked import BesideEach
+    from synth.forked import BesideEach
 
     parent = os.getpid()
 

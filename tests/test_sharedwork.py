@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hapc.forked import spare_core
+from synth.forked import spare_core
 from synth.sharedwork import SharedJobs
 
 

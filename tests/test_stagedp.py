@@ -94,7 +94,7 @@ def test_groups_synthesised_in_a_child_match_the_serial_ones(load_model, monkeyp
     one after the other."""
     import torch
 
-    from hapc.forked import spare_core
+    from synth.forked import spare_core
     from hapc.tracer import trace
     from synth.stages import StagePlanner, pipeline_even
 

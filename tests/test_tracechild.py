@@ -18,7 +18,7 @@ import pytest
 from hapc.api import synthesize
 from hapc.cli import main
 from hapc.errors import UserError
-from hapc.forked import spare_core
+from synth.forked import spare_core
 from hapc.modelfile import trace_for_compile
 from hapc.tracecache import TraceCache, TraceKey
 from hapc.tracechild import ChildTrace, TraceChild
@@ -150,7 +150,7 @@ def test_after_ctrl_c_the_child_stops_what_it_started_itself(tmp_path):
     started = tmp_path / "grandchild"
 
     def trace():
-        from hapc.forked import Beside
+        from synth.forked import Beside
 
         beside = Beside(lambda: time.sleep(60))
         started.write_text(str(beside._each._pid))

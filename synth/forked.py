@@ -1,15 +1,17 @@
 """Run functions in a forked child on a spare core while this process does other work.
 
-``hapc replan`` searches the new cluster under two overlap assumptions; each search and its
-simulation take a good part of the command's time and do not depend on each other, so both
-run in one child, one after the other, while this process does what it can without them
-(it prepares the writing of the plan); the first result comes back as soon as it is made,
-and this process re-balances it while the child makes the second. A fork shares the
-parent's memory (the graph, the cached strategies) without copying or pickling it; only the
-child's results come back, pickled through a pipe. Where there is no spare core, no
-``fork`` (Windows), or ``HAPC_SERIAL`` is set in the environment, or the child fails in any
-way, the functions simply run here: the results are the same either way, only the wall time
-differs.
+Three places use it: ``hapc replan`` searches the new cluster under two overlap assumptions
+in one child (:class:`BesideEach`: each result comes back as soon as it is made, and this
+process re-balances the first while the child makes the second); a cold ``hapc compile``
+traces the model in a child forked before torch is imported (:mod:`hapc.tracechild`) and
+exports 3 blocks in another beside the 2-block export (:mod:`hapc.blocktrace`); and the stage
+planner shares its group jobs with a child (:mod:`synth.sharedwork`, which decides with
+:func:`spare_core` too). It lives in ``synth``, the lowest layer that forks, so that none of
+them imports upwards. A fork shares the parent's memory (the graph, the cached strategies)
+without copying or pickling it; only the child's results come back, pickled through a pipe.
+Where there is no spare core, no ``fork`` (Windows), or ``HAPC_SERIAL`` is set in the
+environment, or the child fails in any way, the functions simply run here: the results are
+the same either way, only the wall time differs.
 """
 
 from __future__ import annotations
