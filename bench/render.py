@@ -378,10 +378,14 @@ def machine_line(res: dict[str, Any]) -> str:
         return ""
     m = next(iter(sections.values()))["machine"]
     loads = ", ".join(f"{k} {v['machine']['load_avg_1min']}" for k, v in sorted(sections.items()))
+    speed = res.get("machine_speed")
+    speed_text = (f" Speed (`python -m bench.machine_speed`, to compare machines): a fixed Python workload "
+                  f"{speed['python_seconds']:.3f} s, `import torch` {speed['import_torch_seconds']:.2f} s."
+                  if speed else "")
     return (f"Machine: {m['cpus']} CPUs, Python {m['python']}, torch {m['torch']}. 1-minute load average "
             "when each section finished (above the CPU count, other work shared the cores and every wall "
             "time is "
-            f"inflated): {loads}.")
+            f"inflated): {loads}.{speed_text}")
 
 
 def program_size_section(res: dict[str, Any]) -> list[str]:

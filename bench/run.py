@@ -17,7 +17,7 @@ import time
 
 from bench.common import ROOT
 
-SECTIONS = ("synthesis", "compile_time", "quality", "runtime", "pipeline", "scale", "program_size", "replan_time")
+SECTIONS = ("machine_speed", "synthesis", "compile_time", "quality", "runtime", "pipeline", "scale", "program_size", "replan_time")
 QUICK_ARGS = {"synthesis": ["--quick"], "compile_time": ["--repeats", "1"], "scale": ["--repeats", "1"],
               "runtime": ["--launches", "1", "--steps", "6", "--no-calibration"],
               "program_size": ["--quick"], "replan_time": ["--repeats", "1"]}
