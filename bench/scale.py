@@ -122,14 +122,14 @@ def compile_phases(cluster: str) -> dict[str, float]:
     mark()
     from costmodel.cluster import load_cluster
     from hapc.api import synthesize
-    from hapc.cli import _lp_backend, _trace_model_file
-    from hapc.modelfile import load_model_file
+    from hapc.cli import _lp_backend
+    from hapc.modelfile import load_model_file, trace_meta_first
     from hapc.report import write_report
     from hapc.tracer import trace
     mark()
     model = str(model_path("gpt"))
     mf = load_model_file(model, {"batch": BATCH})
-    traced = _trace_model_file(mf, trace)
+    traced = trace_meta_first(mf, trace)
     mark()
     plan = synthesize(traced, None, load_cluster(cluster), model_file=model, model_kwargs={"batch": BATCH},
                       backend=_lp_backend())

@@ -219,13 +219,6 @@ def _check_precision(name: str) -> None:
         raise UserError(str(exc), where="--precision") from None
 
 
-def _trace_model_file(mf, trace):
-    """See :func:`hapc.modelfile.trace_meta_first` (kept here for the benchmarks and tests)."""
-    from hapc.modelfile import trace_meta_first
-
-    return trace_meta_first(mf, trace)
-
-
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from hapc.plan import Plan
 
@@ -294,7 +287,7 @@ def _profile_model_ops(args: argparse.Namespace) -> int:
 
     from costmodel.cluster_file import read_cluster_file
     from hapc.ir.precision import autocast_graph
-    from hapc.modelfile import load_model_file, parse_overrides
+    from hapc.modelfile import load_model_file, parse_overrides, trace_meta_first
     from hapc.tracer import trace
     from profiler.ops import profile_ops
     from profiler.profile import _device_type
@@ -308,7 +301,7 @@ def _profile_model_ops(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)     # as the profiled ranks (and emitted programs) run
     mf = load_model_file(args.model, parse_overrides(args.set))
     say(f"tracing {args.model}")
-    graph = autocast_graph(_trace_model_file(mf, trace).graph, args.precision)
+    graph = autocast_graph(trace_meta_first(mf, trace).graph, args.precision)
     failed: list[str] = []
     table = profile_ops(graph, args.output, cluster.devices[0].type, device,
                         autocast=torch.bfloat16 if args.precision == "bf16" else None,

@@ -10,9 +10,8 @@ from pathlib import Path
 from costmodel.cluster import load_cluster
 from costmodel.groups import sub_cluster
 from costmodel.simulator import simulate
-from hapc.cli import _trace_model_file
 from hapc.ir.precision import Precision
-from hapc.modelfile import load_model_file
+from hapc.modelfile import load_model_file, trace_meta_first
 from hapc.plan import Plan
 from hapc.tracer import trace
 from synth.baselines import baseline_program
@@ -29,7 +28,7 @@ def forced_pipeline(model_file: str | Path, overrides: dict, cluster_file: str |
     planner's (``"search"``: A* + share LP on the group) or a baseline's (``"dp-flops"``: data
     parallel with FLOP-proportional, so uneven, shares; fast)."""
     if traced is None:
-        traced = _trace_model_file(load_model_file(str(model_file), overrides), trace)   # as hapc compile does
+        traced = trace_meta_first(load_model_file(str(model_file), overrides), trace)   # as hapc compile does
     graph, cluster = traced.graph, load_cluster(str(cluster_file))
     planner = StagePlanner(graph, cluster)
     inner = planner.cuts[1:-1]
