@@ -204,6 +204,28 @@ def test_one_rank_program_saves_resumes_and_exports_single_device_weights(tmp_pa
         assert torch.allclose(state[key], value, atol=TOLERANCE, rtol=0), key
 
 
+def test_a_program_run_as_a_script_leaves_without_finalising_the_interpreter(tmp_path):
+    """gloo's worker thread may still release the last barrier's work object as main() returns;
+    that release needs the GIL, and during the interpreter's finalisation it aborted the rank
+    (SIGABRT in ~1 of 18 runs, after training had finished). So the program, run as a script,
+    flushes its output and leaves with os._exit(main's status): an atexit handler registered
+    before it never runs, its output is all there, its exit status is main()'s."""
+    import os
+    import subprocess
+
+    path = emit_model("mlp", plan_for("mlp", "dp-even", _cluster([0.3])), tmp_path / "prog")
+    code = ("import atexit, runpy, sys\n"
+            "atexit.register(lambda: print('finalised', flush=True))\n"
+            f"sys.argv = [{str(path)!r}, '--steps', '2']\n"
+            f"runpy.run_path({str(path)!r}, run_name='__main__')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=path.parent, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(step_losses(proc.stdout)) == [1, 2] and "finalised" not in proc.stdout
+
+
 def test_the_runtime_files_beside_the_program_need_only_torch(tmp_path):
     import ast
 
