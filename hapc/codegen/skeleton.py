@@ -614,13 +614,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     status = main()
-    # Leave without the interpreter's finalisation. gloo's worker thread may still be releasing
-    # the last collective's work object (the barrier above) when main() returns; that release
-    # drops a Python object and needs the GIL, and a thread that asks for the GIL while the
-    # interpreter finalises is ended by force, which C++ answers with std::terminate: SIGABRT
-    # on one rank in ~1 of 18 gloo runs, after training had finished (core dump: the worker in
-    # ProcessGroupGloo::runLoop destroying AsyncBarrierWork, the main thread in Py_FinalizeEx).
-    # Everything main() wrote is closed; only the standard streams may hold output.
+    # No interpreter finalisation: gloo's worker may still be freeing the last barrier's work,
+    # which takes the GIL; during finalisation that thread is force-exited and C++ aborts the
+    # rank (SIGABRT in ~1 of 18 runs, after training). main() closed its files; flush the rest.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
