@@ -70,7 +70,7 @@ bench: install
 bench-gpu: install
 	$(PY) -m bench.gpu
 
-# Refresh the golden plans that tests/test_golden.py checks with `hapc check`; prints what changed.
+# Refresh the golden plans that tests/plan/test_golden.py checks with `hapc check`; prints what changed.
 golden: install
 	$(PY) -m bench.golden
 

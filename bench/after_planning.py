@@ -39,9 +39,9 @@ def _timed(fn: Callable[[], object]) -> tuple[float, float]:
 def measure(plan_file: Path, out: Path, repeats: int) -> dict[str, dict[str, float]]:
     """Per step: first and fastest (wall, CPU) seconds over ``repeats`` runs."""
     from costmodel.cluster_edit import surviving_ranks, without_devices
-    from hapc.plan import Plan
-    from hapc.replan import replan
-    from hapc.report import write_report
+    from hapc.plan.plan import Plan
+    from hapc.elastic.replan import replan
+    from hapc.report.summary import write_report
     from synth import reuse
 
     old = Plan.load(plan_file)

@@ -65,7 +65,7 @@ def model_path(name: str) -> Path:
 
 def small_config(name: str) -> dict[str, Any]:
     """The model file's ``SMALL`` dict (tiny sizes for tests and CPU runs)."""
-    from hapc.modelfile import load_model_file
+    from hapc.frontend.modelfile import load_model_file
 
     return dict(load_model_file(str(model_path(name))).module.SMALL)
 
@@ -73,8 +73,8 @@ def small_config(name: str) -> dict[str, Any]:
 def trace_model(name: str, **kwargs: Any):
     """Trace ``configs/models/<name>.py`` with ``kwargs`` on the meta device, as
     ``hapc compile`` does (no weights, so a 48-layer model traces in seconds)."""
-    from hapc.modelfile import load_model_file
-    from hapc.tracer import trace
+    from hapc.frontend.modelfile import load_model_file
+    from hapc.frontend.tracer import trace
 
     mf = load_model_file(str(model_path(name)), kwargs)
     model = mf.build_model(device="meta")

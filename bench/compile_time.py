@@ -6,7 +6,7 @@ time a user waits. The target is 5 s.
 Two kinds of run, alternated so that both see the same machine load: **cold** (a fresh trace
 cache: torch is imported, the model traced with torch.export and the trace stored) and
 **warm** (a repeat compile: the graph and its node strategies come from the trace cache,
-:mod:`hapc.tracecache`, and torch.export never runs). ``wall_seconds`` is the cold median,
+:mod:`hapc.frontend.cache.store`, and torch.export never runs). ``wall_seconds`` is the cold median,
 as recorded before the cache existed; ``warm_wall_seconds`` the warm one.
 
 Also recorded: the time ``hapc compile`` itself reports (from loading the cluster to the
@@ -18,7 +18,7 @@ last file written; without interpreter start-up and imports), and the process's 
 counted in the step that waited for it); ``--phases --warm``
 the steps of a warm compile (after one cold compile in a subprocess fills a fresh cache).
 A cold ``hapc compile`` does not run these steps in one line: it traces in a child forked
-before torch is imported (:mod:`hapc.tracechild`) and plans as a warm compile does, so its
+before torch is imported (:mod:`hapc.frontend.cache.child`) and plans as a warm compile does, so its
 wall time is about the imports, model build and trace of the first list, then the warm
 list's steps from synthesize on (its imports and cluster load overlap the child's).
 
@@ -88,7 +88,7 @@ def phases(layers: int) -> list[tuple[str, float]]:
 
     import gc
 
-    gc.disable()                   # as hapc compile imports them (hapc.torchimport)
+    gc.disable()                   # as hapc compile imports them (hapc.frontend.torchimport)
     import torch  # noqa: F401
     step("import torch")
     import torch._dynamo  # noqa: F401  (torch.export imports it on first use)
@@ -100,10 +100,10 @@ def phases(layers: int) -> list[tuple[str, float]]:
     from costmodel.cluster import load_cluster
     from hapc.api import synthesize
     from hapc.cli import _lp_backend           # the LP backend hapc compile uses
-    from hapc.modelfile import load_model_file
-    from hapc.report import write_report
-    from hapc.tracer import trace
-    from hapc.tracecache import Recorder, TraceCache, TraceKey
+    from hapc.frontend.modelfile import load_model_file
+    from hapc.report.summary import write_report
+    from hapc.frontend.tracer import trace
+    from hapc.frontend.cache.store import Recorder, TraceCache, TraceKey
     step("import hapc")
     overrides = {"layers": layers, **SETTINGS}
     cluster = load_cluster(str(HAP8))
@@ -150,8 +150,8 @@ def warm_phases(layers: int) -> list[tuple[str, float]]:
     from costmodel.cluster import load_cluster
     from hapc.api import synthesize
     from hapc.cli import _lp_backend           # the LP backend hapc compile uses
-    from hapc.report import write_report
-    from hapc.tracecache import TraceCache, TraceKey
+    from hapc.report.summary import write_report
+    from hapc.frontend.cache.store import TraceCache, TraceKey
     step("import hapc (no torch)")
     overrides = {"layers": layers, **SETTINGS}
     cluster = load_cluster(str(HAP8))
@@ -182,7 +182,7 @@ import os, sys, time
 T0 = time.perf_counter()
 def stamp(what):
     print(f"STAMP {time.perf_counter() - T0:.3f} {os.getpid()} {time.process_time():.3f} {what}", file=sys.stderr, flush=True)
-import hapc.cli, hapc.modelfile, hapc.torchimport, hapc.tracechild
+import hapc.cli, hapc.frontend.modelfile, hapc.frontend.torchimport, hapc.frontend.cache.child
 def wrap(owner, name):
     inner = getattr(owner, name)
     def stamped(*args, **kwargs):
@@ -193,8 +193,8 @@ def wrap(owner, name):
             stamp("< " + name)
     setattr(owner, name, stamped)
 for owner, names in [(hapc.cli, ["_traced_model", "_import_planning", "_lp_backend", "_write_replan_cache"]),
-                     (hapc.torchimport, ["import_for_tracing"]), (hapc.modelfile, ["trace_meta_first"]),
-                     (hapc.tracechild.TraceChild, ["_trace_job", "_store_job", "traced", "path"])]:
+                     (hapc.frontend.torchimport, ["import_for_tracing"]), (hapc.frontend.modelfile, ["trace_meta_first"]),
+                     (hapc.frontend.cache.child.TraceChild, ["_trace_job", "_store_job", "traced", "path"])]:
     for name in names:
         wrap(owner, name)
 stamp("start")

@@ -1,6 +1,6 @@
 """Golden plans: the example models at ``SMALL`` size on the small mixed cluster.
 
-``tests/test_golden.py`` synthesizes each model again and runs ``hapc check`` against the
+``tests/plan/test_golden.py`` synthesizes each model again and runs ``hapc check`` against the
 file kept here, so a change that makes any plan slower (beyond the tolerance) or invalid
 fails CI. When a change is meant to alter plans, refresh them and read what moved:
 
@@ -65,7 +65,7 @@ def write_plan(plan, path: str | Path) -> None:
 
 def _cost_ms(path: Path) -> float | None:
     from hapc.errors import UserError
-    from hapc.plan import Plan
+    from hapc.plan.plan import Plan
 
     try:
         return Plan.load(path).cost * 1e3

@@ -141,8 +141,8 @@ def _one(label: str, model_file: Path, overrides: dict[str, Any], precision: str
     from costmodel.optable import measured_share
     from hapc.api import synthesize
     from hapc.ir.precision import autocast_graph
-    from hapc.modelfile import load_model_file
-    from hapc.tracer import trace
+    from hapc.frontend.modelfile import load_model_file
+    from hapc.frontend.tracer import trace
     from profiler.ops import profile_ops
 
     mf = load_model_file(str(model_file), dict(overrides))

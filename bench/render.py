@@ -250,7 +250,7 @@ def compile_section(res: dict[str, Any]) -> list[str]:
 
 def _warm_compile_lines(comp: dict[str, Any]) -> list[str]:
     """The repeat compile: the same command again, the graph and node strategies from the trace
-    cache (hapc.tracecache), alternated with the cold runs above."""
+    cache (hapc.frontend.cache.store), alternated with the cold runs above."""
     if comp.get("warm_wall_seconds") is None:
         return []
     runs = ", ".join(f"{x:.1f}" for x in comp.get("warm_wall_runs", []))
@@ -297,7 +297,7 @@ def _dp_section(dp: dict[str, Any]) -> list[str]:
     ddp = ", ".join(f"{x * 1e3:.1f}" for x in dp["ddp_runs"])
     return out + [
         (f"{dp['model']}; {dp['ranks']} CPU ranks ({dp['backend']}), the `dp-even` plan emitted by hapc "
-        f"against `tests/ddp_reference.py` (torch DDP, same batch split, AdamW); {dp['launches']} "
+        f"against `bench/ddp_reference.py` (torch DDP, same batch split, AdamW); {dp['launches']} "
         f"alternating launches of {dp['steps_per_launch']} steps each, per launch the median of steps 2.., "
         "then the median over "
         "launches."), "",

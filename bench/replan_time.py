@@ -75,10 +75,10 @@ clock = time.process_time
 t = [clock()]
 from pathlib import Path
 from costmodel.cluster_edit import surviving_ranks, without_devices
-from hapc import replan_cache
-from hapc.plan import Plan
-from hapc.replan import replan
-from hapc.report import write_report
+from hapc.plan import replan_cache
+from hapc.plan.plan import Plan
+from hapc.elastic.replan import replan
+from hapc.report.summary import write_report
 t.append(clock())
 identity = replan_cache.file_identity(Path(sys.argv[1]))
 old = Plan.load(sys.argv[1]); t.append(clock())

@@ -3,7 +3,7 @@ and the cost model's accuracy after calibration.
 
 **DP vs DDP.** The ``dp-even`` baseline plan of a GPT (2 layers, hidden 256, sequence 64) for
 two CPU workers is emitted with ``hapc.codegen`` and run under torchrun (gloo); the same model,
-batch split and optimizer run under ``tests/ddp_reference.py`` (hand-written torch DDP, the
+batch split and optimizer run under ``bench/ddp_reference.py`` (hand-written torch DDP, the
 reference the code generator's own tests use). Launches alternate (emitted,
 DDP, emitted, DDP, ...) so a change in the machine's load hits both; each launch reports the
 median of its steps after the first, and the figure kept is the median over launches. The
@@ -13,7 +13,7 @@ target is an emitted program within 5 % of DDP.
 would write one), then ``hapc calibrate`` (its library form, two alternating rounds) emits
 and runs every distinct plan of a GPT and an MLP and compares it with the simulator's
 prediction (rank correlation, median relative error), before and after fitting the cost
-model's knobs, with leave-one-out errors. Without ``hapc.calibrate`` the section says "not
+model's knobs, with leave-one-out errors. Without ``profiler.calibrate`` the section says "not
 measured yet".
 
     python -m bench.runtime [--launches 2] [--steps 12]
@@ -99,9 +99,9 @@ def calibration(steps: int, repeats: int = 2) -> dict[str, Any]:
     and an MLP on them: every distinct plan (baselines and hapc's) emitted, run and compared
     with its prediction, then the cost model's knobs fitted on all runs together (with
     leave-one-out errors)."""
-    if importlib.util.find_spec("hapc.calibrate") is None:
-        return {"status": "not measured yet", "why": "hapc.calibrate is not in this build"}
-    from hapc.calibrate import calibrate
+    if importlib.util.find_spec("profiler.calibrate") is None:
+        return {"status": "not measured yet", "why": "profiler.calibrate is not in this build"}
+    from profiler.calibrate import calibrate
     from profiler.profile import profile
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -107,7 +107,7 @@ def compile_phases(cluster: str) -> dict[str, float]:
     import tempfile
     from pathlib import Path
 
-    def cpu_seconds() -> float:     # forked children's too (hapc.blocktrace traces in one)
+    def cpu_seconds() -> float:     # forked children's too (hapc.frontend.blocktrace traces in one)
         t = os.times()
         return t.user + t.system + t.children_user + t.children_system
 
@@ -116,16 +116,16 @@ def compile_phases(cluster: str) -> dict[str, float]:
     def mark() -> None:
         clock.append(cpu_seconds())
 
-    from hapc.torchimport import import_for_tracing
+    from hapc.frontend.torchimport import import_for_tracing
 
     import_for_tracing()          # as hapc compile imports torch
     mark()
     from costmodel.cluster import load_cluster
     from hapc.api import synthesize
     from hapc.cli import _lp_backend
-    from hapc.modelfile import load_model_file, trace_meta_first
-    from hapc.report import write_report
-    from hapc.tracer import trace
+    from hapc.frontend.modelfile import load_model_file, trace_meta_first
+    from hapc.report.summary import write_report
+    from hapc.frontend.tracer import trace
     mark()
     model = str(model_path("gpt"))
     mf = load_model_file(model, {"batch": BATCH})

@@ -13,13 +13,13 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "synthesize": "hapc.api", "baseline": "hapc.api", "load_cluster": "costmodel.cluster",
-    "Plan": "hapc.plan", "Cluster": "costmodel.cluster", "Traced": "hapc.tracer",
+    "Plan": "hapc.plan.plan", "Cluster": "costmodel.cluster", "Traced": "hapc.frontend.tracer",
 }
 
 
 def trace(model, inputs):
-    """Trace ``model(*inputs)`` (a scalar loss) into the IR; see :func:`hapc.tracer.trace`."""
-    from hapc.tracer import trace as _trace
+    """Trace ``model(*inputs)`` (a scalar loss) into the IR; see :func:`hapc.frontend.tracer.trace`."""
+    from hapc.frontend.tracer import trace as _trace
 
     return _trace(model, inputs)
 

@@ -19,20 +19,20 @@ from typing import TYPE_CHECKING, Any
 from costmodel.cluster import Cluster, load_cluster
 from hapc.errors import UserError
 from hapc.ir.precision import Precision, autocast_graph, check_precision
-from hapc.plan import Plan
-from hapc.tracecache import CachedTrace
+from hapc.plan.plan import Plan
+from hapc.frontend.cache.store import CachedTrace
 
 if TYPE_CHECKING:
     import torch
 
-    from hapc.tracer import Traced
+    from hapc.frontend.tracer import Traced
 
 
 def _traced(model: torch.nn.Module | Traced | CachedTrace, inputs: Sequence[torch.Tensor] | None) -> Traced:
-    # Imported here: a graph from the trace cache plans without torch (see hapc.tracecache).
+    # Imported here: a graph from the trace cache plans without torch (see hapc.frontend.cache.store).
     if isinstance(model, CachedTrace):
         return model
-    from hapc.tracer import Traced, trace
+    from hapc.frontend.tracer import Traced, trace
 
     if isinstance(model, Traced):
         return model
@@ -67,7 +67,7 @@ def synthesize(model: torch.nn.Module | Traced | str | os.PathLike, inputs: Sequ
 
     ``model`` may also be the path of a model file (``model()``/``inputs()``, design.md
     section 3; ``model_kwargs`` its overrides): it is traced as ``hapc compile`` traces it,
-    through the trace cache unless ``trace_cache=False`` (:mod:`hapc.tracecache`; a live
+    through the trace cache unless ``trace_cache=False`` (:mod:`hapc.frontend.cache.store`; a live
     ``nn.Module`` is never cached: what decides its graph is not all in files).
     """
     from synth.synthesize import synthesize_program
@@ -114,15 +114,15 @@ def _traced_file(path: str | os.PathLike, kwargs: Mapping[str, Any], use_cache: 
                  progress: Callable[[str], None] | None) -> tuple[Any, Path | None, Any]:
     """A model file's trace (meta device first, as ``hapc compile``), from or into the trace
     cache; returns it with its cache entry and the cache (None, None when not cached)."""
-    from hapc.compiletrace import trace_model_file
-    from hapc.tracecache import TraceCache
+    from hapc.frontend.cache.cached_trace import trace_model_file
+    from hapc.frontend.cache.store import TraceCache
 
     def note(msg: str) -> None:
         (progress or (lambda m: print(f"hapc: note: {m}", file=sys.stderr)))(msg)
 
     def trace() -> Traced:
-        from hapc.modelfile import load_model_file, trace_meta_first
-        from hapc.tracer import trace as trace_model
+        from hapc.frontend.modelfile import load_model_file, trace_meta_first
+        from hapc.frontend.tracer import trace as trace_model
 
         return trace_meta_first(load_model_file(str(path), dict(kwargs)), trace_model)
 

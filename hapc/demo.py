@@ -18,10 +18,10 @@ def main() -> int:
     import torch
 
     from hapc.cli import main as hapc_main
-    from hapc.executor import replicated_program, run
-    from hapc.modelfile import load_model_file
-    from hapc.plan import Plan
-    from hapc.tracer import trace
+    from hapc.codegen.executor import replicated_program, run
+    from hapc.frontend.modelfile import load_model_file
+    from hapc.plan.plan import Plan
+    from hapc.frontend.tracer import trace
 
     small = load_model_file(str(MODEL)).module.SMALL
     sets = [f"{k}={v}" for k, v in small.items()]

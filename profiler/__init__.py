@@ -11,5 +11,5 @@ Where things live:
 * :mod:`profiler.pin` / :mod:`profiler.launch` — pinning ranks to cores, running emitted programs;
 * :mod:`profiler.testbed` — the heterogeneous CPU testbed (``scripts/hetero_testbed.sh``).
 
-Calibration against measured runs (``hapc calibrate``) is :mod:`hapc.calibrate`.
+Calibration against measured runs (``hapc calibrate``) is :mod:`profiler.calibrate`.
 """

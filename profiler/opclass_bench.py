@@ -9,7 +9,7 @@ which the roofline predicts the measured time. Where even efficiency 1 predicts 
 op than measured (the op is memory-bound and streams faster than a copy) the efficiency is
 1; efficiency then does not matter for that op.
 
-FLOPs and bytes are counted as the tracer counts them for the IR (``hapc.tracer._node_cost``):
+FLOPs and bytes are counted as the tracer counts them for the IR (``hapc.frontend.tracer._node_cost``):
 FLOPs from ``FlopCounterMode`` for the forward and the backward, one per element touched
 when torch counts none (twice that for the backward); bytes are the inputs plus the
 outputs for the forward, and the output gradient, the saved inputs and one gradient per

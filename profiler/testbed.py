@@ -33,7 +33,7 @@ DEFAULT_SET = ("layers=4", "features=512", "hidden=1024", "classes=100", "batch=
 def run_testbed(*, affinity: str, model: str, overrides: dict, out_dir: Path, steps: int, repeats: int,
                 quick: bool, cluster_path: str | None, say) -> dict:
     from costmodel.cluster import load_cluster
-    from hapc.calibrate import run_plans
+    from profiler.calibrate import run_plans
     from profiler.pin import parse_affinity
     from profiler.profile import profile
 
@@ -78,7 +78,7 @@ def format_testbed(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hapc.modelfile import parse_overrides
+    from hapc.frontend.modelfile import parse_overrides
 
     parser = argparse.ArgumentParser(prog="python -m profiler.testbed", description=__doc__.split("\n\n")[0])
     parser.add_argument("--affinity", default="0,1,1", help="core set per rank (default 0,1,1)")

@@ -8,7 +8,7 @@ set -u
 PY=${PY:-python}
 export PYTHONPATH=$PWD
 OUT=$(mktemp -d)
-"$PY" -m pytest -q -p no:cacheprovider tests/test_device_random.py -k cuda
+"$PY" -m pytest -q -p no:cacheprovider tests/runtime/test_device_random.py -k cuda
 printf 'name: one-gpu\nnodes:\n  - devices: [{type: H100, count: 1}]\n' > "$OUT/one-gpu.yaml"
 "$PY" -m hapc.cli compile configs/models/hf_gpt2.py --cluster "$OUT/one-gpu.yaml" --precision bf16 \
     --set layers=2 --set seq=256 --set batch=4 --set dropout=0.1 --set attn_dropout=0.1 -o "$OUT/hf" --quiet

@@ -52,8 +52,8 @@ if venv not in where.parents:
 print(f"test-torch: torch {torch.__version__} from {where.parent}")
 PY
 
-tests="${TEST_TORCH_TESTS:-tests/test_models.py tests/test_rules_check.py tests/test_rules_core.py \
-tests/test_rules_view.py tests/test_rules_conv_moe.py tests/test_executor.py tests/test_codegen.py}"
+tests="${TEST_TORCH_TESTS:-tests/frontend/test_models.py tests/rules/test_rules_check.py tests/rules/test_rules_core.py \
+tests/rules/test_rules_view.py tests/rules/test_rules_conv_moe.py tests/codegen/test_executor.py tests/codegen/test_codegen.py}"
 start=$(date +%s)
 status=0
 # shellcheck disable=SC2086
@@ -64,9 +64,9 @@ if [ "${TEST_TORCH_SLOW:-1}" != 0 ]; then
     # releases (rotary embeddings under autocast, sliding-window masks); the main test pass
     # runs the other families.
     PYTHONPATH="$PWD" PATH="$PWD/$venv/bin:$PATH" "$py" -m pytest -q -p no:cacheprovider -m slow \
-        tests/test_torchrun.py || status=$?
+        tests/e2e/test_torchrun.py || status=$?
     PYTHONPATH="$PWD" PATH="$PWD/$venv/bin:$PATH" "$py" -m pytest -q -p no:cacheprovider -m slow \
-        tests/test_families.py -k "gloo and synth and (llama or mistral or bert or vit)" || status=$?
+        tests/e2e/test_families.py -k "gloo and synth and (llama or mistral or bert or vit)" || status=$?
 fi
 echo "test-torch: $spec: tests took $(( $(date +%s) - start )) s, exit $status" >&2
 exit $status

@@ -6,7 +6,7 @@ read it), solved exactly and kept per segment structure, so every later A* run o
 segment looks its values up. :class:`TargetBound` is the same relaxation with the segment's
 last node limited to the strategies that give one exit layout: once the exits a state could
 still reach are all beaten, the A* stops expanding it. Both read the searcher's move tables
-and conversion prices; tests/test_search_bounds.py checks admissibility and consistency in
+and conversion prices; tests/synth/test_search_bounds.py checks admissibility and consistency in
 every reachable state of small models.
 """
 
@@ -32,7 +32,7 @@ class ValueBound:
     values is too; each step of it is bounded by the relaxations of the next state's values,
     so their maximum is consistent and A* still settles states in order. The tables are small
     (a value's layout sets times the segment's nodes) and built lazily, only for the masks
-    states actually hold. tests/test_search_bounds.py checks both properties in every
+    states actually hold. tests/synth/test_search_bounds.py checks both properties in every
     reachable state of small models.
     """
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     # numpy is imported by the functions that use it: a transformer's search never eliminates,
-    # and numpy is a fifth of hapc replan's imports (see hapc.replan._lp_tools).
+    # and numpy is a fifth of hapc replan's imports (see hapc.elastic.replan._lp_tools).
     import numpy as np
     from synth.search import Searcher, State
     from synth.space import Segment

@@ -49,7 +49,7 @@ def load_model():
 @pytest.fixture(scope="session", autouse=True)
 def _private_trace_cache(tmp_path_factory):
     """``hapc compile`` in tests (and the subprocesses they start) keep their trace cache
-    (hapc.tracecache) in a folder of this session, never in the user's ``~/.cache``."""
+    (hapc.frontend.cache.store) in a folder of this session, never in the user's ``~/.cache``."""
     import os
 
     saved = os.environ.get("HAPC_CACHE_DIR")

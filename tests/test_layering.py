@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-BASE = ("hapc.ir", "hapc.errors", "hapc.rules")
+BASE = ("hapc.ir", "hapc.errors", "hapc.rules", "hapc.process")
 ABOVE_BASE = ("hapc.rules.check", "hapc.rules.__main__")
 
 
@@ -51,7 +51,7 @@ def imports(path: Path, package: str) -> list[tuple[str, int]]:
 
 
 def _lower_modules() -> list[Path]:
-    paths = [p for folder in ("hapc/ir", "hapc/rules", "costmodel", "synth") for p in (ROOT / folder).rglob("*.py")]
+    paths = [p for folder in ("hapc/ir", "hapc/rules", "hapc/process", "costmodel", "synth") for p in (ROOT / folder).rglob("*.py")]
     paths.append(ROOT / "hapc" / "errors.py")
     return sorted(p for p in paths if layer(_name(p)) is not None and layer(_name(p)) < 3)
 

@@ -13,7 +13,7 @@ uneven CPU ranks (the synthesizer's plan and the Megatron tensor-parallel baseli
 the in-process executor against one device, float64, loss and every parameter gradient
 (``verify``: the largest absolute error, ``ok`` under 1e-6). Failures are printed, never
 hidden: the row says at which stage (trace, plan, verify) and why. The real multi-process runs
-of the same plans are tests/test_families.py (slow).
+of the same plans are tests/e2e/test_families.py (slow).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def hf_models() -> dict[str, tuple[torch.nn.Module, tuple]]:
 
 def row(name: str, size: str, model: torch.nn.Module, inputs: tuple) -> dict:
     from hapc.rules import has_rule
-    from hapc.tracer import trace
+    from hapc.frontend.tracer import trace
 
     traced = trace(model, inputs)
     graph = traced.graph
@@ -95,7 +95,7 @@ def row(name: str, size: str, model: torch.nn.Module, inputs: tuple) -> dict:
     }
 
 
-# 3 CPU ranks of uneven speed (shares about 0.5 / 0.3 / 0.2), as tests/test_families.py runs them.
+# 3 CPU ranks of uneven speed (shares about 0.5 / 0.3 / 0.2), as tests/e2e/test_families.py runs them.
 UNEVEN3 = {"name": "cpu3-uneven", "nodes": [{
     "devices": [{"name": f"cpu{i}", "tflops": t, "memory_GB": 8, "hbm_GBps": 20, "count": 1}
                 for i, t in enumerate((1.0, 0.6, 0.4))],
@@ -118,7 +118,7 @@ def family_program(traced, plan: str):
 def verify_error(program, traced, inputs: tuple) -> float:
     """Largest absolute difference of loss and parameter gradients, ``program`` on its ranks
     against the replicated program on one, both in float64 (the in-process executor)."""
-    from hapc.executor import replicated_program, run
+    from hapc.codegen.executor import replicated_program, run
 
     got = run(program, traced, inputs, dtype=torch.float64)
     want = run(replicated_program(traced.graph), traced, inputs, dtype=torch.float64)
@@ -136,7 +136,7 @@ def sharded_nodes(program) -> int:
 def family_row(name: str, plans: tuple[str, ...] = ("synth", "megatron-tp")) -> dict:
     """One row of the family table; a stage that raises ends the row with its error."""
     from hapc.rules import has_rule
-    from hapc.tracer import trace
+    from hapc.frontend.tracer import trace
 
     hf = load_once("hf")
     spec = hf.FAMILIES[name]

@@ -18,7 +18,7 @@ Beside it go a copy of the model file and copies of :mod:`hapc.runtime.local_ops
 :mod:`hapc.runtime.collectives`, so the directory runs anywhere torch does.
 
 Writing the program never imports torch (nor the runtime, which does): what it needs from
-torch was recorded in the graph at trace time (:mod:`hapc.torchfacts`), and what it needs from
+torch was recorded in the graph at trace time (:mod:`hapc.frontend.torchfacts`), and what it needs from
 the runtime is read from the runtime's source (:mod:`hapc.codegen.runtime_facts`). Only a
 plan's lifted constants, when given, load torch to be saved.
 """
@@ -40,7 +40,7 @@ from hapc.codegen.indexed import literal, render_dict, render_tuple
 from hapc.ir.graph import Node, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute, empty_ranks
-from hapc.torchfacts import Facts
+from hapc.frontend.torchfacts import Facts
 
 SKELETON = Path(__file__).with_name("skeleton.py")
 # The runtime beside the program: copied, never imported (each imports torch).
@@ -117,7 +117,7 @@ def skeleton_parts() -> tuple[str, str]:
     replaces with its own) and after it.
 
     The docstring ends at the first closing triple quote, as Python reads it (the skeleton's has
-    no escaped quotes; tests/test_codegen.py checks this against ``ast``): parsing the
+    no escaped quotes; tests/codegen/test_codegen.py checks this against ``ast``): parsing the
     skeleton only to find that line took a tenth of a replan's program time."""
     skeleton = SKELETON.read_text()
     if not skeleton.startswith('"""'):

@@ -14,7 +14,7 @@ the one-stage emitter rounds them on the batch), a local op's global shapes — 
 micro-batch's, exactly as torch.export saw it.
 
 That trace needs torch, seconds of an emit that otherwise needs none, so it is done once:
-:meth:`hapc.plan.Plan.save` records in plan.json what differs from the whole-batch graph
+:meth:`hapc.plan.plan.Plan.save` records in plan.json what differs from the whole-batch graph
 (:func:`micro_batch_record`: the values whose shapes change, the nodes whose arguments do,
 and the loss's reduction, which is read from torch's op schema), and emitting from a plan
 that holds the record for its micro-batch rebuilds the graph from it without torch
@@ -45,7 +45,7 @@ from hapc.ir.program import Compute, DistProgram, Redistribute
 from hapc.codegen import runtime_facts
 
 if TYPE_CHECKING:
-    from hapc.plan import Plan
+    from hapc.plan.plan import Plan
 
 SOURCE_KINDS = ("param", "buffer", "constant", "input")
 
@@ -102,7 +102,7 @@ def _micro_batch_rows(plan: Plan) -> int:
 
 def _traced_micro_batch(plan: Plan, rows: int) -> MicroTrace:
     from hapc.ir.precision import autocast_graph
-    from hapc.modelfile import load_model_file
+    from hapc.frontend.modelfile import load_model_file
     from synth.stages import batch_size
 
     batch = batch_size(plan.graph)
@@ -149,7 +149,7 @@ def _graph_from_record(whole: Graph, record: dict[str, Any]) -> Graph:
 
 def _trace(mf: Any, inputs: tuple):
     """Trace on the meta device, with real tensors when that leaves constants without data."""
-    from hapc.tracer import trace
+    from hapc.frontend.tracer import trace
 
     try:
         traced = trace(mf.build_model(device="meta"), tuple(t.to("meta") for t in inputs))
@@ -472,7 +472,7 @@ def _stage_forward(k: int, code: _StageCode, crossing: list[list[str]]) -> str:
 
 def _docstring(plan: Plan, model_name: str) -> str:
     pipe = plan.pipeline
-    from hapc.launch import launch_lines
+    from hapc.codegen.launch import launch_lines
 
     launch = "\n    ".join(launch_lines(plan.cluster, "program.py", extra="[--steps K] [--verify]"))
     stages = "\n".join(f"  stage {k}: nodes {st.first_node}..{st.stop_node - 1} on ranks {list(st.ranks)}"

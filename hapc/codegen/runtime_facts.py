@@ -7,7 +7,7 @@ here would load torch into ``hapc compile``'s emit and ``hapc replan``, seconds 
 one. The emitter only needs a few plain facts from them: which implementation a collective
 variant name maps to, and which local ops are generators (the program drives those through
 ``rt.drive``). Those are read from the same files that get copied, so there is one source of
-truth; tests/test_emit_torch_free.py checks them against the imported modules.
+truth; tests/codegen/test_emit_torch_free.py checks them against the imported modules.
 
 Parsing a whole runtime file costs 15-50 ms, a tenth of a replan's budget for its program;
 so only the top-level statements asked about are parsed (a local op's definition, the

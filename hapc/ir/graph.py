@@ -127,7 +127,7 @@ def _iter_refs(obj: Any) -> Iterator[Ref]:
 @dataclass
 class TorchFacts:
     """What writing a program needs to know about torch, recorded while torch is loaded (at
-    trace time, :mod:`hapc.torchfacts`) so that emitting a program from a plan never imports
+    trace time, :mod:`hapc.frontend.torchfacts`) so that emitting a program from a plan never imports
     it (``hapc replan``, a cached trace: torch's import alone is seconds).
 
     Kept out of :meth:`Graph.to_json` (and so out of the graph's hash): they describe the torch

@@ -6,7 +6,7 @@ do not divide evenly; ``Partial``: random summands), run the strategy's local co
 every rank, reassemble the output from its layout and compare it, and the gradients of all
 float inputs, with the single-device result. A strategy that disagrees is a *wrong rule*.
 
-``python -m hapc.rules check`` prints a report; ``tests/test_rules_check.py`` runs the same.
+``python -m hapc.rules check`` prints a report; ``tests/rules/test_rules_check.py`` runs the same.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def sample_graph(op: str, sample: Sample) -> tuple[Node, Graph, list[torch.Tenso
 def check_strategy(op: str, sample: Sample, strategy: Strategy, shares: Sequence[float] = DEFAULT_SHARES,
                    dtype: torch.dtype = torch.float64, atol: float = 1e-9) -> str | None:
     """``None`` when ``strategy`` reproduces the op on uneven pieces; else what went wrong."""
-    from hapc.executor import _compute  # executor sits above rules
+    from hapc.codegen.executor import _compute  # executor sits above rules
 
     node, graph, tensors = sample_graph(op, sample)
     gen = torch.Generator().manual_seed(0)

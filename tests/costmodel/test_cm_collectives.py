@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cm_programs import custom_cluster
+from tests.costmodel.cm_programs import custom_cluster
 
 from costmodel import best_variant, collective_seconds, load_cluster
 from costmodel.collectives import AUTO_VARIANTS, VARIANTS

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from cm_programs import chain_graph, custom_cluster
+from tests.costmodel.cm_programs import chain_graph, custom_cluster
 
 from costmodel import load_cluster, lower_bound_seconds, node_seconds, op_class
 from costmodel.compute import graph_seconds, peak_dtype

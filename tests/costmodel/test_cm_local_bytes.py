@@ -4,8 +4,8 @@ report as the model worked out rank by rank from local_bytes."""
 
 from __future__ import annotations
 
-from cm_programs import chain_graph, data_parallel, zero3
-from test_cm_simcache import MIXED, _programs
+from tests.costmodel.cm_programs import chain_graph, data_parallel, zero3
+from tests.costmodel.test_cm_simcache import MIXED, _programs
 
 from costmodel.memory import PARTS, kept_for_backward, optimizer_copies, program_memory
 from costmodel.opclass import op_class

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cm_programs import chain_graph, custom_cluster, data_parallel, zero3
+from tests.costmodel.cm_programs import chain_graph, custom_cluster, data_parallel, zero3
 
 import hapc
 from costmodel import collective_seconds, load_cluster, program_memory, simulate

@@ -26,7 +26,7 @@ import torch
 import hapc
 from costmodel.cluster import Cluster, load_cluster
 from costmodel.simulator import simulate
-from hapc.executor import replicated_program, run
+from hapc.codegen.executor import replicated_program, run
 from hapc.ir.layout import Shard
 from hapc.ir.program import DistProgram, Redistribute
 from hapc.rules.registry import strategies

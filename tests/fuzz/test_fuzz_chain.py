@@ -10,7 +10,6 @@ baseline run in the in-process executor against one device, the plan's invariant
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from pathlib import Path
 
@@ -91,8 +90,7 @@ def test_found_plans_verify_under_torchrun(case, tmp_path):
     from costmodel.cluster import load_cluster
     from hapc.codegen.emitter import emit
 
-    sys.path.insert(0, str(REPO / "tests"))
-    from test_codegen import torchrun, verify_line
+    from tests.runs import torchrun, verify_line
 
     spec, cluster_spec = TORCHRUN_CASES[case]
     check_case(spec, cluster_spec, determinism=False)           # in process first

@@ -3,7 +3,6 @@ defect it pinned down. The fixes are in the modules named."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ import torch
 
 import hapc
 from costmodel.cluster import load_cluster
-from hapc.executor import replicated_program, run
+from hapc.codegen.executor import replicated_program, run
 from hapc.ir.layout import Shard
 from synth.baselines import baseline_program
 from synth.builder import propagate
@@ -134,8 +133,7 @@ def test_emitted_program_with_empty_pieces_verifies_under_torchrun(tmp_path):
     from hapc.codegen.emitter import emit
     from tests.fuzz.test_fuzz_chain import model_file
 
-    sys.path.insert(0, str(REPO / "tests"))
-    from test_codegen import torchrun, verify_line
+    from tests.runs import torchrun, verify_line
 
     spec = ModelSpec(batch=2, hidden=5, seq=3, blocks=(Block("layernorm"), Block("linear", size=4)), head="mse")
     traced, _, program = _data_parallel_with_an_empty_piece(spec)

@@ -1,0 +1,106 @@
+"""How a :class:`~hapc.plan.plan.Plan` shows itself in a notebook: ``plan`` as the last line of a
+Jupyter cell renders :func:`plan_html`, and ``plan.report()`` returns :func:`plan_markdown`,
+the same content as Markdown (for a README, an issue, or ``IPython.display.Markdown``).
+
+Both give: the predicted time per iteration against the lower bound, the speed-up over each
+standard baseline, a row per device (type, share, compute / communication / idle time, peak
+memory against capacity) and the per-device chart of :mod:`hapc.report.summary`, inline as a base64
+PNG so that the page needs no file beside it. matplotlib stays the only plotting dependency;
+without it the chart is left out.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hapc.plan.plan import Plan
+
+MS = 1e3
+GB = 1e9
+
+
+def facts(plan: Plan) -> dict:
+    """What both renderings show, as plain numbers (milliseconds, gigabytes)."""
+    sim = plan.sim
+    devices = []
+    totals, fits = sim.memory.totals, sim.memory.fits        # once, not once per device
+    for rank, dev in enumerate(plan.cluster.devices):
+        used, capacity = totals[rank], dev.memory_bytes
+        devices.append({
+            "rank": rank, "node": dev.node, "device": dev.type, "share": plan.ratios[rank],
+            "compute_ms": sim.compute_seconds[rank] * MS, "comm_ms": sim.comm_seconds[rank] * MS,
+            "idle_ms": sim.idle_seconds[rank] * MS, "memory_GB": used / GB, "capacity_GB": capacity / GB,
+            "memory_used": used / capacity if capacity else float("nan"), "fits": fits[rank],
+        })
+    model = Path(str(plan.model.get("file") or "model")).name
+    return {
+        "title": f"hapc plan '{plan.name}' for {model} on {plan.cluster.name or 'cluster'} "
+                 f"({plan.cluster.world} devices)",
+        "iteration_ms": plan.cost * MS, "lower_bound_ms": plan.lower_bound * MS,
+        "gap": plan.cost / plan.lower_bound if plan.lower_bound > 0 else None,
+        "baselines": [(name, seconds * MS, seconds / plan.cost if plan.cost > 0 else float("nan"))
+                      for name, seconds in sorted(plan.baselines.items())],
+        "devices": devices, "fits": all(d["fits"] for d in devices),
+    }
+
+
+def _chart_data_uri(plan: Plan) -> str | None:
+    from hapc.report.summary import chart_png
+
+    png = chart_png(plan)
+    return None if png is None else "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _headline(f: dict) -> str:
+    gap = f" ({f['gap']:.2f}x the lower bound of {f['lower_bound_ms']:.3f} ms)" if f["gap"] else ""
+    fit = "" if f["fits"] else "; does NOT fit in memory"
+    return f"predicted time per iteration: {f['iteration_ms']:.3f} ms{gap}{fit}"
+
+
+DEVICE_COLUMNS = ("rank", "device", "share", "compute ms", "comm ms", "idle ms", "memory GB", "of GB", "used")
+
+
+def _device_cells(d: dict) -> list[str]:
+    used = f"{d['memory_used']:.0%}" + ("" if d["fits"] else " (does not fit)")
+    return [str(d["rank"]), d["device"], f"{d['share']:.3f}", f"{d['compute_ms']:.3f}", f"{d['comm_ms']:.3f}",
+            f"{d['idle_ms']:.3f}", f"{d['memory_GB']:.3f}", f"{d['capacity_GB']:.1f}", used]
+
+
+def plan_markdown(plan: Plan, chart: bool = True) -> str:
+    f = facts(plan)
+    lines = [f"### {f['title']}", "", _headline(f), ""]
+    if f["baselines"]:
+        lines += ["| baseline | predicted ms | speed-up of this plan |", "|---|---:|---:|"]
+        lines += [f"| {name} | {ms:.3f} | {speedup:.2f}x |" for name, ms, speedup in f["baselines"]]
+        lines.append("")
+    lines += ["| " + " | ".join(DEVICE_COLUMNS) + " |", "|" + "---:|" * len(DEVICE_COLUMNS)]
+    lines += ["| " + " | ".join(_device_cells(d)) + " |" for d in f["devices"]]
+    uri = _chart_data_uri(plan) if chart else None
+    if uri:
+        lines += ["", f"![per-device time and memory]({uri})"]
+    return "\n".join(lines) + "\n"
+
+
+def plan_html(plan: Plan, chart: bool = True) -> str:
+    f = facts(plan)
+    esc = html.escape
+    cell = 'style="text-align:right; padding:0 0.6em"'
+    parts = [f"<div class=\"hapc-plan\"><h4>{esc(f['title'])}</h4>", f"<p>{esc(_headline(f))}</p>"]
+    if f["baselines"]:
+        rows = "".join(f"<tr><td>{esc(name)}</td><td {cell}>{ms:.3f}</td><td {cell}>{speedup:.2f}x</td></tr>"
+                       for name, ms, speedup in f["baselines"])
+        parts.append("<table><tr><th>baseline</th><th>predicted ms</th><th>speed-up of this plan</th></tr>"
+                     f"{rows}</table>")
+    head = "".join(f"<th>{esc(c)}</th>" for c in DEVICE_COLUMNS)
+    body = "".join("<tr>" + "".join(f"<td {cell}>{esc(c)}</td>" for c in _device_cells(d)) + "</tr>"
+                   for d in f["devices"])
+    parts.append(f"<table><tr>{head}</tr>{body}</table>")
+    uri = _chart_data_uri(plan) if chart else None
+    if uri:
+        parts.append(f'<img alt="per-device time and memory" src="{uri}"/>')
+    parts.append("</div>")
+    return "\n".join(parts)

@@ -1,0 +1,162 @@
+"""What ``hapc compile`` prints and writes: the summary table, ``report.md`` and its chart."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    from hapc.plan.plan import Plan
+
+
+def summary_text(plan: Plan) -> str:
+    sim = plan.sim
+    ms = 1e3
+    model = plan.model.get("file", "model")
+    lines = [
+        f"hapc plan '{plan.name}' for {Path(str(model)).name} on {plan.cluster.name or 'cluster'} "
+        f"({plan.cluster.world} devices)",
+        f"predicted time per iteration: {plan.cost * ms:.3f} ms  "
+        f"(lower bound {plan.lower_bound * ms:.3f} ms; {plan.cost / plan.lower_bound:.2f}x of it)"
+        if plan.lower_bound > 0 else f"predicted time per iteration: {plan.cost * ms:.3f} ms",
+    ]
+    lines.append(f"precision: {plan.precision.describe()}")
+    lines.append(_measured_line(plan))
+    if plan.baselines:
+        parts = [f"{k} {v * ms:.3f} ms ({v / plan.cost:.2f}x)" for k, v in sorted(plan.baselines.items())]
+        lines.append("baselines (speed-up of this plan): " + ", ".join(parts))
+    from hapc.report.pipeline import pipeline_lines
+
+    if plan.pipeline is not None:
+        lines.append("the best one-stage plan over all devices, for comparison:")
+    lines.append(sim.table())
+    lines += pipeline_lines(plan)
+    if plan.search and "segments" in plan.search:      # a baseline, or a replan that kept one, has none
+        s = plan.search
+        lines.append(f"search: {'optimal under the search cost model' if s.get('exact') else 'time budget hit'}"
+                     f", {s.get('segments', '?')} segments ({s.get('distinct_segments', '?')} distinct), "
+                     f"{s.get('states_expanded', '?')} states expanded")
+    return "\n".join(lines)
+
+
+def _measured_line(plan: Plan) -> str:
+    """Which compute steps were priced from times measured on the device."""
+    from costmodel.optable import measured_share
+
+    table = plan.cluster.op_table
+    measured, total = measured_share(plan.graph, table, [d.type for d in plan.cluster.devices])
+    if table is None or measured == 0:
+        return f"compute: all {total} op nodes priced by the roofline (no per-op times measured on the device)"
+    return (f"compute: {measured} of {total} op nodes priced from times measured on {table.device} "
+            f"({table.device_name}, torch {table.torch_version}), the rest by the roofline")
+
+
+def write_report(plan: Plan, out_dir: str | Path) -> Path:
+    """``report.md`` with the summary, the layout of every collective, and ``report.svg``
+    (written as text by :mod:`hapc.report.svg`: no matplotlib in ``hapc compile``)."""
+    from hapc.process.gcpause import gc_paused
+
+    with gc_paused():       # a row per step, all acyclic (hapc.process.gcpause)
+        return _write_report(plan, out_dir)
+
+
+def _write_report(plan: Plan, out_dir: str | Path) -> Path:
+    from hapc.report.svg import write_svg_chart
+
+    out = Path(out_dir)
+    write_svg_chart(plan, out / "report.svg")
+    lines = ["# hapc plan report", "", "```", summary_text(plan), "```", ""]
+    lines += ["![per-device time and memory](report.svg)", ""]
+    lines += ["## Layout changes (collectives)", "", "| value | from | to | method |", "|---|---|---|---|"]
+    for value, src, dst, method in plan.collectives():
+        lines.append(f"| `{value}` | {src} | {dst} | {method} |")
+    lines += ["", "## Strategies", "", "| node | op | inputs | outputs | source |", "|---|---|---|---|---|"]
+    nodes = {n.name: n for n in plan.graph.nodes}
+    from hapc.ir.program import Compute
+
+    file_names: dict[str, str] = {}         # a few source files, a Path each (not one per step)
+    for step in plan.program.steps:
+        if isinstance(step, Compute):
+            n = nodes[step.node]
+            if n.source and n.source.file not in file_names:
+                file_names[n.source.file] = Path(n.source.file).name
+            src = f"{file_names[n.source.file]}:{n.source.line}" if n.source else ""
+            ins = ", ".join(map(repr, step.strategy.inputs))
+            outs = ", ".join(map(repr, step.strategy.outputs))
+            lines.append(f"| `{n.name}` | `{n.op}` | {ins} | {outs} | {src} |")
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def chart_png(plan: Plan) -> bytes | None:
+    """The per-device time and memory chart as PNG bytes (for inline display); ``None``
+    without matplotlib."""
+    buf = io.BytesIO()
+    return buf.getvalue() if _chart(plan, buf) else None
+
+
+def _chart(plan: Plan, path: Path | BinaryIO) -> bool:
+    # matplotlib's Figure without pyplot: no global backend switch, so drawing this chart in a
+    # notebook leaves the user's own plotting set-up alone, and nothing needs closing.
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return False
+    sim = plan.sim
+    ranks = list(range(plan.cluster.world))
+    labels = [f"{r}:{d.type}" for r, d in zip(ranks, plan.cluster.devices)]
+    if plan.pipeline is not None:      # name each device's pipeline stage; memory is the stage's
+        stage_of = {r: k for k, st in enumerate(plan.pipeline.stages) for r in st.ranks}
+        labels = [f"{label} stage {stage_of[r]}" if r in stage_of else f"{label} idle"
+                  for r, label in zip(ranks, labels)]
+    ms = [x * 1e3 for x in sim.compute_seconds]
+    cm = [x * 1e3 for x in sim.comm_seconds]
+    idle = [x * 1e3 for x in sim.idle_seconds]
+    if plan.pipeline is not None:
+        from hapc.report.pipeline import stage_time_split
+
+        ms, cm, idle = stage_time_split(plan)
+    memory = [b / 1e9 for b in plan.memory]
+    capacity = [d.memory_bytes / 1e9 for d in plan.cluster.devices]
+    if len(ranks) > BARS_BEFORE_GROUPING:     # one bar per run of ranks with equal figures
+        firsts, labels = rank_runs(labels, ms, cm, idle, memory, capacity)
+        ms, cm, idle, memory, capacity = ([xs[r] for r in firsts] for xs in (ms, cm, idle, memory, capacity))
+    ranks = list(range(len(ms)))
+    fig = Figure(figsize=(max(8, 0.5 * len(ranks) + 4), 4))
+    ax_t, ax_m = fig.subplots(1, 2)
+    ax_t.bar(ranks, ms, label="compute" if plan.pipeline is None else "stage work (all micro-batches)")
+    ax_t.bar(ranks, cm, bottom=ms, label="communication" if plan.pipeline is None else "gradient sync + optimizer")
+    ax_t.bar(ranks, idle, bottom=[a + b for a, b in zip(ms, cm)],
+             label="idle" if plan.pipeline is None else "idle (bubble)")
+    ax_t.set_ylabel("ms per iteration")
+    ax_t.set_title("time per device" if plan.pipeline is None else "time per device by pipeline stage")
+    ax_t.legend(fontsize=8)
+    ax_m.bar(ranks, memory, label="predicted peak")
+    ax_m.plot(ranks, capacity, "r_", markersize=20, label="capacity")
+    ax_m.set_ylabel("GB")
+    ax_m.set_title("memory per device")
+    ax_m.legend(fontsize=8)
+    for ax in (ax_t, ax_m):
+        ax.set_xticks(ranks)
+        ax.set_xticklabels(labels, rotation=90, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, format="png")
+    return True
+
+
+# Up to this many devices the chart has one bar per rank; beyond, one per run of consecutive
+# ranks with the same device and the same figures (256 bars took longer to draw than the plan
+# took to find, and no one reads them).
+BARS_BEFORE_GROUPING = 32
+
+
+def rank_runs(labels: list[str], *per_rank: list[float]) -> tuple[list[int], list[str]]:
+    """First rank and label of each run of consecutive ranks whose device type and figures
+    are all equal: ``"0-127:A100-80GB"``."""
+    key = [(label.split(":", 1)[1], *(xs[r] for xs in per_rank)) for r, label in enumerate(labels)]
+    firsts = [r for r in range(len(key)) if r == 0 or key[r] != key[r - 1]]
+    ends = [*firsts[1:], len(key)]
+    out = [labels[a] if b - a == 1 else f"{a}-{b - 1}:{labels[a].split(':', 1)[1]}" for a, b in zip(firsts, ends)]
+    return firsts, out

@@ -1,0 +1,139 @@
+"""The command line: user mistakes give one line and exit 2 (never a traceback), `hapc check`
+exits 1 on a worse plan, every command has --help."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hapc
+from hapc.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+MLP = str(ROOT / "configs" / "models" / "mlp.py")
+SMALL_MIXED = str(ROOT / "configs" / "clusters" / "small-mixed.yaml")
+MLP_SMALL = ["--set", "layers=3", "--set", "features=20", "--set", "hidden=64", "--set", "classes=7",
+             "--set", "batch=5"]
+
+
+def _run(args, capsys):
+    rc = main(args)
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("nodes:\n  - devices: [{type: NoSuchGPU, count: 2}]\n", "NoSuchGPU"),
+    ("nodes: [\n", "YAML"),
+    ("nodes: []\n", "nodes"),
+    ("nodes:\n  - devices: [{type: A100-40GB, count: -1}]\n", "count"),
+])
+def test_bad_cluster_is_one_line_exit_2(tmp_path, capsys, content, needle):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(content)
+    rc, text = _run(["compile", MLP, "--cluster", str(bad), "-o", str(tmp_path / "o")], capsys)
+    assert rc == 2
+    assert "Traceback" not in text
+    assert len(text.strip().splitlines()) == 1
+    assert "bad.yaml" in text and needle.lower() in text.lower()
+
+
+def test_missing_files_are_one_line_exit_2(tmp_path, capsys):
+    rc, text = _run(["compile", MLP, "--cluster", str(tmp_path / "nope.yaml")], capsys)
+    assert rc == 2 and "nope.yaml" in text and len(text.strip().splitlines()) == 1
+    rc, text = _run(["compile", str(tmp_path / "nomodel.py"), "--cluster", SMALL_MIXED], capsys)
+    assert rc == 2 and "nomodel.py" in text
+    rc, text = _run(["simulate", str(tmp_path / "plan.json")], capsys)
+    assert rc == 2 and "plan.json" in text
+
+
+def test_model_file_without_model_function(tmp_path, capsys):
+    f = tmp_path / "empty.py"
+    f.write_text("import torch\n")
+    rc, text = _run(["compile", str(f), "--cluster", SMALL_MIXED, "-o", str(tmp_path / "o")], capsys)
+    assert rc == 2 and "model()" in text and "Traceback" not in text
+
+
+def test_model_that_does_not_trace_names_the_problem(tmp_path, capsys):
+    f = tmp_path / "bad_model.py"
+    f.write_text("import torch\n"
+                 "class M(torch.nn.Module):\n"
+                 "    def forward(self, x):\n"
+                 "        return x * 2\n"
+                 "def model(): return M()\n"
+                 "def inputs(): return (torch.ones(3),)\n")
+    rc, text = _run(["compile", str(f), "--cluster", SMALL_MIXED, "-o", str(tmp_path / "o")], capsys)
+    assert rc == 2 and "scalar loss" in text
+
+
+def test_compile_simulate_explain_check(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc, text = _run(["compile", MLP, "--cluster", SMALL_MIXED, "-o", str(out), "-q", "--no-emit"] + MLP_SMALL,
+                    capsys)
+    assert rc == 0, text
+    assert "predicted time per iteration" in text and "dp-even" in text
+    assert (out / "plan.json").exists() and (out / "report.md").exists()
+    rc, text = _run(["simulate", str(out / "plan.json"), "--cluster", str(ROOT / "configs/clusters/cpu4.yaml")],
+                    capsys)
+    assert rc == 0 and "time per iteration" in text
+    rc, text = _run(["explain", str(out / "plan.json")], capsys)
+    assert rc == 0 and "mlp.py:" in text
+    rc, text = _run(["check", str(out / "plan.json"), "--baseline", str(out / "plan.json")], capsys)
+    assert rc == 0 and "ok" in text
+
+
+def test_check_fails_on_a_worse_plan(tmp_path, capsys):
+    from hapc.frontend.modelfile import load_model_file
+
+    model_file = load_model_file(MLP, {"layers": 3, "features": 20, "hidden": 64, "classes": 7, "batch": 5})
+    model, inputs = model_file.build_model(), model_file.build_inputs()
+    good = hapc.synthesize(model, inputs, SMALL_MIXED)
+    worse = hapc.baseline(model, inputs, SMALL_MIXED, "zero3")
+    assert worse.cost > good.cost * 1.02
+    good.save(tmp_path / "golden.json")
+    worse.save(tmp_path / "new.json")
+    rc, text = _run(["check", str(tmp_path / "new.json"), "--baseline", str(tmp_path / "golden.json")], capsys)
+    assert rc == 1 and "FAILED" in text
+    rc, _ = _run(["check", str(tmp_path / "new.json"), "--baseline", str(tmp_path / "golden.json"),
+                  "--tolerance", "100"], capsys)
+    assert rc == 0
+
+
+def test_ir_lists_flops_layouts_and_sources(capsys):
+    rc, text = _run(["ir", MLP] + MLP_SMALL, capsys)
+    assert rc == 0
+    assert "rule coverage" in text and "aten.linear.default" in text and "mlp.py:" in text
+    assert "S(0)" in text and "fwd" in text
+
+
+@pytest.mark.parametrize("command", ["compile", "simulate", "explain", "check", "ir", "rules"])
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0
+    assert "usage" in capsys.readouterr().out
+
+
+def test_console_script_exit_code_for_user_error(tmp_path):
+    hapc_bin = Path(sys.executable).parent / "hapc"
+    proc = subprocess.run([str(hapc_bin), "simulate", str(tmp_path / "missing.json")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_a_compile_freezes_the_heap_as_the_interpreter_exits(tmp_path):
+    """As replan does (tests/elastic/test_replan_reuse.py): the interpreter's last collection would walk
+    everything the compile made and find no garbage, so hapc compile freezes the heap at exit.
+    An earlier atexit handler runs later, after the freeze, and sees it."""
+    code = ("import atexit, gc, sys\n"
+            "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))\n"
+            "from hapc.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))")
+    args = ["compile", MLP, "--cluster", SMALL_MIXED, "-o", str(tmp_path / "out"), "-q", "--no-emit",
+            "--no-trace-cache", *MLP_SMALL]
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, check=False)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and lines[-1] == "frozen True", proc.stdout + proc.stderr[-2000:]
