@@ -99,7 +99,7 @@ def phases(layers: int) -> list[tuple[str, float]]:
     gc.enable()
     from costmodel.cluster import load_cluster
     from hapc.api import synthesize
-    from hapc.cli import _lp_backend           # the LP backend hapc compile uses
+    from synth.lp_highspy import preferred_backend    # the LP backend hapc compile uses
     from hapc.frontend.modelfile import load_model_file
     from hapc.report.summary import write_report
     from hapc.frontend.tracer import trace
@@ -119,7 +119,7 @@ def phases(layers: int) -> list[tuple[str, float]]:
         TraceCache(tmp, note=say).store(TraceKey.for_model_file(str(model_path("gpt")), overrides), traced, recorder)
     step("trace-cache entry (compile: beside the search)")
     plan = synthesize(traced, None, cluster, model_file=str(model_path("gpt")), model_kwargs=overrides,
-                      backend=_lp_backend())
+                      backend=preferred_backend())
     step("synthesize")
     with tempfile.TemporaryDirectory() as tmp:
         plan.save(Path(tmp) / "plan.json")
@@ -149,7 +149,7 @@ def warm_phases(layers: int) -> list[tuple[str, float]]:
 
     from costmodel.cluster import load_cluster
     from hapc.api import synthesize
-    from hapc.cli import _lp_backend           # the LP backend hapc compile uses
+    from synth.lp_highspy import preferred_backend    # the LP backend hapc compile uses
     from hapc.report.summary import write_report
     from hapc.frontend.cache.store import TraceCache, TraceKey
     step("import hapc (no torch)")
@@ -162,7 +162,7 @@ def warm_phases(layers: int) -> list[tuple[str, float]]:
         raise RuntimeError("the cold compile left no usable trace cache entry")
     step("trace cache: key, read, validate sources")
     plan = synthesize(traced, None, cluster, model_file=str(model_path("gpt")), model_kwargs=overrides,
-                      backend=_lp_backend())
+                      backend=preferred_backend())
     step("synthesize" + (" (cached strategies)" if traced.strategies_installed else " (strategies from the rules)"))
     with tempfile.TemporaryDirectory() as tmp:
         plan.save(Path(tmp) / "plan.json")
@@ -182,7 +182,7 @@ import os, sys, time
 T0 = time.perf_counter()
 def stamp(what):
     print(f"STAMP {time.perf_counter() - T0:.3f} {os.getpid()} {time.process_time():.3f} {what}", file=sys.stderr, flush=True)
-import hapc.cli, hapc.frontend.modelfile, hapc.frontend.torchimport, hapc.frontend.cache.child
+import hapc.cli, hapc.cli.compile, hapc.frontend.from_file, hapc.frontend.modelfile, hapc.frontend.torchimport, hapc.frontend.cache.child
 def wrap(owner, name):
     inner = getattr(owner, name)
     def stamped(*args, **kwargs):
@@ -192,7 +192,8 @@ def wrap(owner, name):
         finally:
             stamp("< " + name)
     setattr(owner, name, stamped)
-for owner, names in [(hapc.cli, ["_traced_model", "_import_planning", "_lp_backend", "_write_replan_cache"]),
+for owner, names in [(hapc.cli.compile, ["_import_planning", "_lp_backend", "_write_replan_cache"]),
+                     (hapc.frontend.from_file, ["trace_file"]),
                      (hapc.frontend.torchimport, ["import_for_tracing"]), (hapc.frontend.modelfile, ["trace_meta_first"]),
                      (hapc.frontend.cache.child.TraceChild, ["_trace_job", "_store_job", "traced", "path"])]:
     for name in names:

@@ -68,7 +68,7 @@ def _counts(stdout: str) -> dict[str, int]:
     return {"searches": int(found.group(1)), "simulations": int(found.group(2))} if found else {}
 
 
-# One replan in steps, as hapc.cli's _cmd_replan takes them, with the CPU seconds of each.
+# One replan in steps, as hapc.cli.replan takes them, with the CPU seconds of each.
 _PHASES = """
 import json, sys, time
 clock = time.process_time

@@ -122,7 +122,7 @@ def compile_phases(cluster: str) -> dict[str, float]:
     mark()
     from costmodel.cluster import load_cluster
     from hapc.api import synthesize
-    from hapc.cli import _lp_backend
+    from synth.lp_highspy import preferred_backend
     from hapc.frontend.modelfile import load_model_file, trace_meta_first
     from hapc.report.summary import write_report
     from hapc.frontend.tracer import trace
@@ -132,7 +132,7 @@ def compile_phases(cluster: str) -> dict[str, float]:
     traced = trace_meta_first(mf, trace)
     mark()
     plan = synthesize(traced, None, load_cluster(cluster), model_file=model, model_kwargs={"batch": BATCH},
-                      backend=_lp_backend())
+                      backend=preferred_backend())
     mark()
     with tempfile.TemporaryDirectory() as out:
         plan.save(Path(out) / "plan.json")

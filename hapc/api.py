@@ -25,6 +25,7 @@ from hapc.frontend.cache.store import CachedTrace
 if TYPE_CHECKING:
     import torch
 
+    from hapc.frontend.from_file import ModelFileTrace
     from hapc.frontend.tracer import Traced
 
 
@@ -47,7 +48,7 @@ def _on_meta(model: torch.nn.Module) -> bool:
     return any(p.is_meta for p in model.parameters())
 
 
-def synthesize(model: torch.nn.Module | Traced | str | os.PathLike, inputs: Sequence[torch.Tensor] | None,
+def synthesize(model: torch.nn.Module | Traced | ModelFileTrace | str | os.PathLike, inputs: Sequence[torch.Tensor] | None,
                cluster: str | Mapping[str, Any] | Cluster, *, time_budget: float | None = None,
                optimizer: str = "adamw", backend: str = "highs", model_file: str | None = None,
                model_kwargs: Mapping[str, Any] | None = None,
@@ -66,18 +67,36 @@ def synthesize(model: torch.nn.Module | Traced | str | os.PathLike, inputs: Sequ
     those; ``plan.emit`` writes one program for every rank (:mod:`hapc.codegen.pipeline_emit`).
 
     ``model`` may also be the path of a model file (``model()``/``inputs()``, design.md
-    section 3; ``model_kwargs`` its overrides): it is traced as ``hapc compile`` traces it,
-    through the trace cache unless ``trace_cache=False`` (:mod:`hapc.frontend.cache.store`; a live
-    ``nn.Module`` is never cached: what decides its graph is not all in files).
+    section 3; ``model_kwargs`` its overrides): it is traced as ``hapc compile`` traces it
+    (:mod:`hapc.frontend.from_file`), through the trace cache unless ``trace_cache=False``
+    (:mod:`hapc.frontend.cache.store`; a live ``nn.Module`` is never cached: what decides its
+    graph is not all in files), or a :class:`hapc.frontend.from_file.ModelFileTrace` already
+    made, as the command line makes it.
     """
+    from hapc.frontend.from_file import ModelFileTrace
+
+    if isinstance(model, (str, os.PathLike)):
+        model_file = model_file or str(Path(model).resolve())
+        with _trace_file(model, model_kwargs or {}, trace_cache, progress) as from_file:
+            return synthesize(from_file, inputs, cluster, time_budget=time_budget, optimizer=optimizer,
+                              backend=backend, model_file=model_file, model_kwargs=model_kwargs,
+                              progress=progress, precision=precision, stages=stages,
+                              microbatches=microbatches, schedule=schedule)
+    from_file = model if isinstance(model, ModelFileTrace) else None
+    return _synthesize(from_file.traced if from_file else _traced(model, inputs), cluster, from_file,
+                       time_budget=time_budget, optimizer=optimizer, backend=backend, model_file=model_file,
+                       model_kwargs=model_kwargs, progress=progress, precision=precision, stages=stages,
+                       microbatches=microbatches, schedule=schedule)
+
+
+def _synthesize(traced: Traced, cluster: str | Mapping[str, Any] | Cluster, from_file: Any, *,
+                time_budget: float | None, optimizer: str, backend: str, model_file: str | None,
+                model_kwargs: Mapping[str, Any] | None, progress: Callable[[str], None] | None,
+                precision: str, stages: int | str | None, microbatches: int | None,
+                schedule: str | None) -> Plan:
     from synth.synthesize import synthesize_program
 
     numerics = _precision(precision)
-    entry = cache = None
-    if isinstance(model, (str, os.PathLike)):
-        model_file = model_file or str(Path(model).resolve())
-        model, entry, cache = _traced_file(model, model_kwargs or {}, trace_cache, progress)
-    traced = _traced(model, inputs)
     cl = load_cluster(cluster)
     if stages is not None:
         _check_stage_options(traced, stages, microbatches, schedule)      # before any search
@@ -104,31 +123,23 @@ def synthesize(model: torch.nn.Module | Traced | str | os.PathLike, inputs: Sequ
         pipeline = _pipeline(planner, stages, microbatches, schedule, baselines, best.seconds)
         if pipeline is not None and stages == "auto" and pipeline.iteration_seconds >= best.seconds:
             pipeline = None        # one stage over all devices is still the fastest
-    if entry is not None and pipeline is None and not getattr(traced, "strategies_installed", False):
-        cache.store_strategies(entry, numerics.name, graph)       # the next hit searches without the rules
+    if from_file is not None and pipeline is None:
+        from_file.keep_strategies(graph, numerics.name)      # the next hit searches without the rules
     return Plan(best.program, cl, best.sim, "hapc" if pipeline is not None else best.name, baselines, search,
                 _model_info(model_file, model_kwargs, optimizer), _assumed(numerics, cl), pipeline)
 
 
-def _traced_file(path: str | os.PathLike, kwargs: Mapping[str, Any], use_cache: bool,
-                 progress: Callable[[str], None] | None) -> tuple[Any, Path | None, Any]:
-    """A model file's trace (meta device first, as ``hapc compile``), from or into the trace
-    cache; returns it with its cache entry and the cache (None, None when not cached)."""
-    from hapc.frontend.cache.cached_trace import trace_model_file
+def _trace_file(path: str | os.PathLike, kwargs: Mapping[str, Any], use_cache: bool,
+                progress: Callable[[str], None] | None) -> ModelFileTrace:
+    """A model file's trace for a library caller (:mod:`hapc.frontend.from_file`), through the
+    trace cache unless ``use_cache`` is false; cache notes go to ``progress`` (else stderr)."""
     from hapc.frontend.cache.store import TraceCache
+    from hapc.frontend.from_file import trace_file
 
     def note(msg: str) -> None:
         (progress or (lambda m: print(f"hapc: note: {m}", file=sys.stderr)))(msg)
 
-    def trace() -> Traced:
-        from hapc.frontend.modelfile import load_model_file, trace_meta_first
-        from hapc.frontend.tracer import trace as trace_model
-
-        return trace_meta_first(load_model_file(str(path), dict(kwargs)), trace_model)
-
-    cache = TraceCache(note=note) if use_cache else None
-    traced, entry = trace_model_file(path, dict(kwargs), trace, cache=cache)
-    return traced, entry, cache
+    return trace_file(path, kwargs, cache=TraceCache(note=note) if use_cache else None)
 
 
 def _check_stage_options(traced: Traced, stages: int | str, microbatches: int | None,

@@ -25,6 +25,12 @@ def available() -> bool:
     return True
 
 
+def preferred_backend() -> str:
+    """The LP backend a command should use: ``"highspy"`` where it can be imported (the same
+    shares as scipy's ``"highs"``, without importing ``scipy.optimize``), else ``"highs"``."""
+    return "highspy" if available() else "highs"
+
+
 def _core() -> Any:
     # The bare binding: ``highspy.Highs()`` prints a banner on stdout before any option can
     # silence it, and a command's stdout belongs to the command.

@@ -124,11 +124,11 @@ def trace_meta_first(mf: ModelFile, trace: Callable[..., Traced]) -> Traced:
     return trace(model, mf.build_inputs())
 
 
-def trace_for_compile(path: str, overrides: dict[str, Any]) -> Traced:
-    """The model file at ``path`` loaded and traced as ``hapc compile`` traces it: torch
-    imported first, with the collector paused (:mod:`hapc.frontend.torchimport`; the model file would
-    import it anyway), then :func:`trace_meta_first`."""
-    if os.path.isfile(path):        # else the loader says what is wrong, at once
+def load_and_trace(path: str, overrides: dict[str, Any], *, quiet_imports: bool = True) -> Traced:
+    """The model file at ``path`` loaded and traced with :func:`trace_meta_first`. With
+    ``quiet_imports`` (a process that compiles and ends), torch is imported first with the
+    collector paused (:mod:`hapc.frontend.torchimport`; the model file would import it anyway)."""
+    if quiet_imports and os.path.isfile(path):        # else the loader says what is wrong, at once
         from hapc.frontend.torchimport import import_for_tracing
 
         import_for_tracing()

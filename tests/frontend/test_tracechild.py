@@ -19,7 +19,7 @@ from hapc.api import synthesize
 from hapc.cli import main
 from hapc.errors import UserError
 from hapc.process.forked import spare_core
-from hapc.frontend.modelfile import trace_for_compile
+from hapc.frontend.modelfile import load_and_trace
 from hapc.frontend.cache.store import TraceCache, TraceKey
 from hapc.frontend.cache.child import ChildTrace, TraceChild
 
@@ -45,7 +45,7 @@ def _alive(pid: int) -> bool:
 
 
 def _mlp_trace():
-    return trace_for_compile(MLP, dict(MLP_SETTINGS))
+    return load_and_trace(MLP, dict(MLP_SETTINGS))
 
 
 @needs_a_child

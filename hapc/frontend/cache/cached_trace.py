@@ -2,9 +2,9 @@
 forked before torch is imported where that is possible, :mod:`hapc.frontend.cache.child`; else here),
 with the new cache entry written while the compile goes on to plan.
 
-:func:`trace_model_file` is the one entry point (``hapc compile`` and
-``synthesize("model.py", ...)``); :mod:`hapc.frontend.cache.store` holds the cache itself (keys,
-sources, entries) and knows nothing of processes.
+:func:`trace_model_file` is what :mod:`hapc.frontend.from_file` (the path ``hapc compile`` and
+``synthesize("model.py", ...)`` share) calls; :mod:`hapc.frontend.cache.store` holds the cache
+itself (keys, sources, entries) and knows nothing of processes.
 """
 
 from __future__ import annotations

@@ -1,0 +1,56 @@
+"""What several commands share: progress lines on stderr, a transient line while tracing,
+argument checks that must fail before any work."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+
+from hapc.errors import UserError
+
+SET_HELP = "override a keyword argument of model()/inputs(), e.g. --set layers=2"
+
+
+def progress(args: argparse.Namespace) -> Callable[[str], None]:
+    """Where a command's progress lines go: stderr, or nowhere with ``--quiet``."""
+    if getattr(args, "quiet", False):
+        return lambda msg: None
+    return lambda msg: print(f"  {msg}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def transient(msg: str, *, quiet: bool) -> Iterator[None]:
+    """A progress line on a terminal that is erased when the work ends, so that a failure
+    (a model torch.export cannot trace) leaves exactly its one error line."""
+    show = not quiet and sys.stderr.isatty()
+    if show:
+        print(f"  {msg}", end="\r", file=sys.stderr, flush=True)
+    try:
+        yield
+    finally:
+        if show:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+
+def check_precision(name: str) -> None:
+    """Bad --precision fails before any work, in one line."""
+    from hapc.ir.precision import check_precision as check
+
+    try:
+        check(name)
+    except ValueError as exc:
+        raise UserError(str(exc), where="--precision") from None
+
+
+def freeze_heap_at_exit() -> None:
+    """Freeze the heap as the interpreter exits, before its last collection: that pass over
+    everything a compile or replan made (the graph, programs, simulations) finds no garbage.
+    Nothing changes until exit, so an in-process caller is unaffected; the commands write their
+    files with ``with`` blocks, so no unflushed file waits for a finaliser the freeze would skip."""
+    import atexit
+    import gc
+
+    atexit.unregister(gc.freeze)        # registered once, however many commands a process runs
+    atexit.register(gc.freeze)
