@@ -86,17 +86,15 @@ def phases(layers: int) -> list[tuple[str, float]]:
         rows.append((name + (f" ({children:.2f} s in a child)" if children > 0.005 else ""), own + children))
         clock[0] = now
 
-    import gc
+    from hapc.process.collector import gc_paused
 
-    gc.disable()                   # as hapc compile imports them (hapc.frontend.torchimport)
-    import torch  # noqa: F401
-    step("import torch")
-    import torch._dynamo  # noqa: F401  (torch.export imports it on first use)
-    step("import torch._dynamo")
-    import torch.export._trace  # noqa: F401  (and this, with aot_autograd and networkx)
-    step("import torch.export's tracer")
-    gc.freeze()
-    gc.enable()
+    with gc_paused(freeze_after=True):      # as hapc compile imports them (hapc.frontend.torchimport)
+        import torch  # noqa: F401
+        step("import torch")
+        import torch._dynamo  # noqa: F401  (torch.export imports it on first use)
+        step("import torch._dynamo")
+        import torch.export._trace  # noqa: F401  (and this, with aot_autograd and networkx)
+        step("import torch.export's tracer")
     from costmodel.cluster import load_cluster
     from hapc.api import synthesize
     from synth.lp_highspy import preferred_backend    # the LP backend hapc compile uses

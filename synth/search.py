@@ -49,7 +49,7 @@ from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import DistProgram
 from synth.bounds import TargetBound, ValueBound
 from synth.elimination import SegmentEliminator
-from hapc.process.gcpause import gc_paused
+from hapc.process.collector import gc_paused
 from synth.space import FREE, PARAM, NodeSpace, SearchSpace, Segment, layout_order
 
 State = tuple  # layout bitmasks, one per activation live at that point (see Searcher._live)

@@ -19,7 +19,7 @@ checked per stage for the layers it holds and the micro-batches in flight. The g
 searches and pricers (and the ``pipeline-even`` baseline's dp-even nodes) are independent
 jobs: ``synthesize(stages=...)`` starts them in a forked child before the one-stage search,
 and this process takes the rest from the other end once free (:meth:`StagePlanner.start_groups`,
-:mod:`hapc.process.sharedwork`); the results are those of one job after the other.
+:mod:`hapc.process.sharedjobs`); the results are those of one job after the other.
 
 **Search, exact under the cost model.** The planner builds one problem per device order and
 micro-batch count: every group at every position, priced for every pair of cuts (what a
@@ -86,7 +86,7 @@ from costmodel.pipeline import (  # noqa: I001
 from hapc.errors import UserError
 from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
-from hapc.process.gcpause import gc_paused
+from hapc.process.collector import gc_paused
 from synth.stagecosts import arc_terms, bound_pair_terms, cut_pair_terms
 from synth.stagedp import EXACT_TOLERANCE, Arc, StageProblem, StageSearch, solve_pass
 
@@ -218,7 +218,7 @@ class StagePlanner:
     # ---- every group's program and profiles, shared with a child process ----------------------------
     def start_groups(self) -> None:
         """Start synthesising and pricing the search's groups (and the ``pipeline-even``
-        baseline's) in a forked child on the spare core (:mod:`hapc.process.sharedwork`), while this
+        baseline's) in a forked child on the spare core (:mod:`hapc.process.sharedjobs`), while this
         process goes on (the one-stage search when started before it); :meth:`_finish_groups`
         then takes the child's results and runs what is left here, from the other end. Each
         group's A* and pricer do not depend on another's, so the results are the same as one
@@ -227,7 +227,7 @@ class StagePlanner:
         needs."""
         if self._shared is not None or self.lazy_groups:
             return
-        from hapc.process.sharedwork import SharedJobs
+        from hapc.process.sharedjobs import SharedJobs
 
         work: dict[str, tuple[_Group, set[int]]] = {}
         for nodes in self.device_orders():
@@ -271,7 +271,7 @@ class StagePlanner:
     def _group_work(self, group: _Group, counts: list[int]) -> tuple:
         """One group's program (as parts) and its profiles at ``counts`` micro-batches; no
         side effects, so a child can run it and send the result back."""
-        with gc_paused():        # thousands of acyclic steps and rows (hapc.process.gcpause)
+        with gc_paused():        # thousands of acyclic steps and rows (hapc.process.collector)
             program = self._programs.get(group.key) or self._synthesize_group(self.graph, group.cluster)
             pricer = ProgramPricer(program, group.cluster, self.optimizer)
             return program.steps, program.source_layouts, program.shares, program._blocks, \
@@ -430,7 +430,7 @@ class StagePlanner:
         ``incumbent_seconds`` (the best plan without stages) prunes: a pipeline is only
         returned when it is faster, and None then means none is (up to the reported gap)."""
         try:
-            with gc_paused():    # arrays and small tuples, no cycles (hapc.process.gcpause)
+            with gc_paused():    # arrays and small tuples, no cycles (hapc.process.collector)
                 return self._plan(stages, microbatches, schedule, incumbent_seconds)
         finally:
             self.close()

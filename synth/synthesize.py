@@ -23,7 +23,7 @@ from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
 from synth.baselines import BASELINES, baseline_programs
 from synth.costs import Prices
-from hapc.process.gcpause import gc_paused
+from hapc.process.collector import gc_paused
 from synth.loads import share_problem, with_shares
 from synth.ratios import MemoryInfeasible, solve_shares
 from synth.search import SearchResult, search, to_program
@@ -69,7 +69,7 @@ def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | N
                        optimizer: str | int = "adamw", max_rounds: int = 6, backend: str = "highs",
                        overlaps: Sequence[float] = (0.0, 0.75), baselines: Sequence[str] = BASELINES,
                        progress: Progress | None = None) -> Synthesis:
-    # The loop makes no reference cycles worth collecting (hapc.process.gcpause): the cyclic collector
+    # The loop makes no reference cycles worth collecting (hapc.process.collector): the cyclic collector
     # would only walk the graph and the price caches again and again.
     with gc_paused():
         return _synthesize(graph, cluster, time_budget=time_budget, optimizer=optimizer, max_rounds=max_rounds,

@@ -42,15 +42,3 @@ def check_precision(name: str) -> None:
         check(name)
     except ValueError as exc:
         raise UserError(str(exc), where="--precision") from None
-
-
-def freeze_heap_at_exit() -> None:
-    """Freeze the heap as the interpreter exits, before its last collection: that pass over
-    everything a compile or replan made (the graph, programs, simulations) finds no garbage.
-    Nothing changes until exit, so an in-process caller is unaffected; the commands write their
-    files with ``with`` blocks, so no unflushed file waits for a finaliser the freeze would skip."""
-    import atexit
-    import gc
-
-    atexit.unregister(gc.freeze)        # registered once, however many commands a process runs
-    atexit.register(gc.freeze)

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from hapc.cli.common import SET_HELP, check_precision, freeze_heap_at_exit, progress, transient
+from hapc.cli.common import SET_HELP, check_precision, progress, transient
 from hapc.errors import UserError
 
 
@@ -48,8 +48,9 @@ def run(args: argparse.Namespace) -> int:
     from hapc.frontend.cache.store import TraceCache
     from hapc.frontend.from_file import trace_file
     from hapc.frontend.modelfile import parse_overrides
+    from hapc.process.collector import freeze_at_exit
 
-    freeze_heap_at_exit()
+    freeze_at_exit()
     say = progress(args)
     started = time.perf_counter()
     check_precision(args.precision)

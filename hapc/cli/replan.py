@@ -9,7 +9,7 @@ import functools
 import time
 from pathlib import Path
 
-from hapc.cli.common import freeze_heap_at_exit, progress
+from hapc.cli.common import progress
 from hapc.errors import UserError
 
 
@@ -53,9 +53,9 @@ def validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hapc.process.gcpause import gc_paused
+    from hapc.process.collector import freeze_at_exit, gc_paused
 
-    freeze_heap_at_exit()
+    freeze_at_exit()
     with gc_paused():       # the whole command: see hapc.elastic.replan.replan
         return _replan(args)
 

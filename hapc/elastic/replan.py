@@ -31,13 +31,13 @@ a cheaper fact decides:
   never simulated (dropping one of HAP's 8 devices: a floor of 1123 ms against 745 expected
   and 681 searched);
 * both overlaps' searches run one after the other in a forked child when a core is spare
-  (:mod:`hapc.process.forked`), each program sent back as soon as it is simulated, with the
+  (:mod:`hapc.process.fork`), each program sent back as soon as it is simulated, with the
   figures ranking and the LP read (:class:`Figures`: not the timeline). Meanwhile this
   process prepares the writing of the plan (``while_searching``) and then re-balances the
   first search's program, which usually leads, while the child makes the second;
 * whether a program fits is asked only of one that could win on time, and a searched
   program that cannot lead comes back from the child as its time only;
-* the cyclic garbage collector is paused (:func:`hapc.process.gcpause.gc_paused`), and the
+* the cyclic garbage collector is paused (:func:`hapc.process.collector.gc_paused`), and the
   searches after the first share its prices (only the gradient all-reduce's depends on the
   overlap: :meth:`synth.costs.Prices.with_overlap`);
 * the CLI checks the strategy cache against plan.json's SHA-256 rather than by hashing the
@@ -65,12 +65,12 @@ from costmodel.comm_floor import blocking_comm_floor_seconds
 from costmodel.simcache import SimulationCache
 from costmodel.simulator import SimResult, ahead, simulate
 from hapc.errors import UserError
-from hapc.process.forked import BesideEach
+from hapc.process.fork import BesideEach
 from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
 from hapc.plan.plan import Plan
 from synth.costs import Prices
-from hapc.process.gcpause import gc_paused
+from hapc.process.collector import gc_paused
 from synth.loads import MemoryInfeasible, device_loads, with_shares
 from synth.search import SearchResult, search, to_program
 from synth.space import SearchSpace
@@ -269,7 +269,7 @@ def _search_info(result: SearchResult) -> dict[str, object]:
 
 class _SearchRound:
     """:func:`searched` under each of ``SEARCH_OVERLAPS`` at the same shares. When there is a
-    spare core they start at once, one after the other in a forked child (see hapc.process.forked),
+    spare core they start at once, one after the other in a forked child (see hapc.process.fork),
     before the caller knows whether it will want them: ``auto`` may decide from a simulation
     of the old program, which then runs beside them instead of before; :meth:`cancel` stops
     them when the answer is no. Meanwhile this process does the caller's ``while_searching``

@@ -6,7 +6,7 @@
 twice with that list cut to 2 and to 3 blocks (a shallow copy; the user's model is untouched),
 learn from the two graphs how a layer repeats, and build the graph of all layers from them.
 The two exports do not depend on each other: the one of 3 runs in a forked child on a spare
-core (:mod:`hapc.process.forked`) while this process exports 2.
+core (:mod:`hapc.process.fork`) while this process exports 2.
 
 What the full trace would give is reproduced exactly, names included: torch.export names each
 node after its op with a running counter (``linear``, ``linear_1``, ...), so the counters in
@@ -35,11 +35,9 @@ than the last one (``if i >= 5``); such a model is unusual, and ``--verify`` wou
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import re
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -47,7 +45,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hapc.process.forked import Beside
+from hapc.process.collector import gc_frozen
+from hapc.process.fork import Beside, single_threaded, spare_core
 from hapc.ir.graph import Graph, Node, Ref, Value
 
 # Below this many blocks two short traces cost about what the full one does.
@@ -113,9 +112,9 @@ def trace_repeated(model: nn.Module, inputs: Sequence[Any],
     try:
         with _positions_hidden(_module_at(model, blocks.path), blocks.index_attributes):
             # The two short traces are independent: the one of 3 runs in a forked child on the
-            # other core while this process traces 2 (hapc.process.forked; here, when there is no
+            # other core while this process traces 2 (hapc.process.fork; here, when there is no
             # spare core or the child fails). Only the child's small graph comes back.
-            with _gc_frozen():
+            with gc_frozen():        # a collection would copy the memory the fork shares
                 if may_fork():
                     three = Beside(_reads_announced(lambda: short_graph(3)[:2]))
                 g2, layout2, constants = short_graph(2)
@@ -141,26 +140,12 @@ def trace_repeated(model: nn.Module, inputs: Sequence[Any],
 
 
 def may_fork() -> bool:
-    """Whether this process may fork a child that traces: a child gets only the thread that
-    forked, so a lock another Python thread held then (a notebook's threads, a logging
-    handler's) would never be released in it; and it cannot use the parent's CUDA context (a
-    model file that built on the GPU)."""
-    return threading.active_count() == 1 and not torch.cuda.is_initialized()
-
-
-@contextlib.contextmanager
-def _gc_frozen():
-    """Keep the collector off the objects that exist now while a forked child shares them: a
-    full collection touches every object and so copies the memory the fork shares (18k page
-    copies in the parent of a GPT trace without this, 3k with it)."""
-    if gc.get_freeze_count():            # someone else froze: leave their choice alone
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
+    """Whether the trace of 3 blocks should run in a forked child: there is a spare core
+    (:func:`hapc.process.fork.spare_core`), no other Python thread runs (a lock one of them held
+    would never be released in the child, :func:`hapc.process.fork.single_threaded`), and the
+    child would not need the parent's CUDA context, which it cannot use (a model file that built
+    on the GPU)."""
+    return spare_core() and single_threaded() and not torch.cuda.is_initialized()
 
 
 def _reads_announced(job: Callable[[], Any]) -> Callable[[], tuple[Any, list[str]]]:

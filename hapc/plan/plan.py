@@ -32,7 +32,7 @@ from hapc.ir.graph import Graph, hash_of_json
 from hapc.ir.layout import Layout, parse_layout
 from hapc.ir.precision import Precision
 from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
-from hapc.process.gcpause import gc_paused
+from hapc.process.collector import gc_paused
 
 if TYPE_CHECKING:
     from synth.stages import Pipeline, Stage
@@ -235,7 +235,7 @@ class Plan:
         self._write(Path(path))
 
     def _write(self, path: Path) -> None:
-        with gc_paused():       # tens of thousands of acyclic records (hapc.process.gcpause)
+        with gc_paused():       # tens of thousands of acyclic records (hapc.process.collector)
             data = self.to_dict()
             section = _GraphSection.of(self.graph)
             verbatim = {"graph": section.text} if section is not None and data["graph"] is section.data else {}
@@ -255,7 +255,7 @@ class Plan:
 
     @staticmethod
     def load(path: str | Path) -> Plan:
-        with gc_paused():       # tens of thousands of acyclic records (hapc.process.gcpause)
+        with gc_paused():       # tens of thousands of acyclic records (hapc.process.collector)
             return Plan._load(path)
 
     @staticmethod
@@ -299,7 +299,7 @@ class Plan:
         if not self.model.get("file"):
             raise UserError("this plan has no model file to emit a program for (plan a model file)")
         micro = self._micro_batch() if self.pipeline is not None else None
-        with gc_paused():       # tables and lines of thousands of steps, all acyclic (hapc.process.gcpause)
+        with gc_paused():       # tables and lines of thousands of steps, all acyclic (hapc.process.collector)
             return self._emit(Path(out_dir), constants, micro)
 
     def _emit(self, out: Path, constants: dict | None, micro: Any) -> Path:

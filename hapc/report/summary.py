@@ -55,9 +55,9 @@ def _measured_line(plan: Plan) -> str:
 def write_report(plan: Plan, out_dir: str | Path) -> Path:
     """``report.md`` with the summary, the layout of every collective, and ``report.svg``
     (written as text by :mod:`hapc.report.svg`: no matplotlib in ``hapc compile``)."""
-    from hapc.process.gcpause import gc_paused
+    from hapc.process.collector import gc_paused
 
-    with gc_paused():       # a row per step, all acyclic (hapc.process.gcpause)
+    with gc_paused():       # a row per step, all acyclic (hapc.process.collector)
         return _write_report(plan, out_dir)
 
 

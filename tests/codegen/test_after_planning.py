@@ -1,7 +1,7 @@
 """What follows planning, made fast for issue 15 (``hapc replan`` in a second) without changing
 a byte of what it writes: the skeleton's docstring found without parsing, the runtime's facts
 read from the statements asked about, plan.json's graph lines kept from a load, the cyclic
-collector paused (hapc.process.gcpause), ``MODEL_KWARGS`` in one order.
+collector paused (hapc.process.collector), ``MODEL_KWARGS`` in one order.
 """
 
 from __future__ import annotations

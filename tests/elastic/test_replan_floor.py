@@ -101,7 +101,7 @@ def test_a_later_search_that_leads_is_sent_whole_and_one_that_cannot_as_its_time
 
 
 def test_work_while_searching_runs_once_only_while_the_child_searches(monkeypatch):
-    from hapc.process.forked import spare_core
+    from hapc.process.fork import spare_core
 
     if not spare_core():
         pytest.skip("one core (or HAPC_SERIAL): no child to wait for")

@@ -144,61 +144,6 @@ def test_replan_after_a_drop_is_as_fast_as_a_fresh_synthesis(compiled):
 REPLAN_GAP = 0.02
 
 
-# ---- the second search in a forked child (hapc.process.forked) -------------------------------------------
-
-def test_a_job_beside_runs_in_a_child_and_returns_its_value():
-    from hapc.process.forked import Beside, spare_core
-
-    if not spare_core():
-        pytest.skip("one core (or HAPC_SERIAL): jobs run in this process")
-    parent = os.getpid()
-    got = Beside(lambda: (os.getpid(), [1.5, {"x": (2, 3)}])).result()
-    assert got[0] != parent and got[1] == [1.5, {"x": (2, 3)}]
-
-
-def test_a_job_beside_runs_here_when_serial_and_its_errors_surface_here(monkeypatch):
-    from hapc.process.forked import Beside
-
-    def fails():
-        raise ValueError(f"raised in {os.getpid()}")
-
-    with pytest.raises(ValueError, match=f"raised in {os.getpid()}"):     # run again here, the error seen here
-        Beside(fails).result()
-    monkeypatch.setenv("HAPC_SERIAL", "1")
-    assert Beside(os.getpid).result() == os.getpid()
-
-
-def test_a_job_beside_that_is_not_wanted_is_stopped_and_reaped():
-    import time
-
-    from hapc.process.forked import Beside, spare_core
-
-    if not spare_core():
-        pytest.skip("one core (or HAPC_SERIAL): nothing runs until asked")
-    job = Beside(lambda: time.sleep(60))
-    pid = job._each._pid
-    started = time.perf_counter()
-    job.cancel()
-    assert time.perf_counter() - started < 10
-    with pytest.raises(ChildProcessError):        # reaped: no zombie left behind
-        os.waitpid(pid, 0)
-
-
-def test_a_job_beside_says_when_its_result_is_ready():
-    import time
-
-    from hapc.process.forked import Beside, spare_core
-
-    if not spare_core():
-        pytest.skip("one core (or HAPC_SERIAL): nothing runs until asked")
-    job = Beside(lambda: time.sleep(0.5) or "done")
-    assert job.forked and not job.ready()          # the child is still sleeping
-    deadline = time.perf_counter() + 30
-    while not job.ready() and time.perf_counter() < deadline:
-        time.sleep(0.05)
-    assert job.ready() and job.result() == "done" and not job.forked
-
-
 # ---- the cache's stamp: plan.json's bytes stand for its graph -------------------------------
 
 def _counting_fingerprints(monkeypatch) -> list[int]:
@@ -243,45 +188,6 @@ def test_a_stamp_that_misses_falls_back_to_the_fingerprint_never_to_a_stale_cach
     written = json.loads((out / reuse.FILE_NAME).read_text())
     assert written["plan_sha256"] == reuse.plan_digest(out / "plan.json")
     assert written["graph"] == reuse.graph_fingerprint(Plan.load(out / "plan.json").graph)
-
-
-# ---- both searches in one child, each result sent when made (hapc.process.forked.BesideEach) ---------------
-
-def test_jobs_beside_come_back_one_by_one_as_each_is_made():
-    import time
-
-    from hapc.process.forked import BesideEach, spare_core
-
-    if not spare_core():
-        pytest.skip("one core (or HAPC_SERIAL): jobs run in this process")
-    parent = os.getpid()
-    jobs = BesideEach([lambda: (os.getpid(), "x" * 300_000), lambda: time.sleep(0.5) or "second"])
-    child, big = jobs.result(0)
-    assert child != parent and big == "x" * 300_000    # larger than a default pipe: the child never stalled
-    assert jobs.forked and not jobs.ready(1)               # the second is still sleeping
-    assert jobs.result(1) == "second" and not jobs.forked  # the child, done, is reaped
-    assert jobs.result(0)[1] == big
-
-
-def test_a_job_that_fails_in_the_child_runs_here_with_the_ones_after_it(monkeypatch):
-    from hapc.process.forked import BesideEach
-
-    parent = os.getpid()
-
-    def fails_in_a_child():
-        if os.getpid() != parent:
-            raise RuntimeError("child only")
-        return "here"
-
-    jobs = BesideEach([os.getpid, fails_in_a_child, os.getpid])
-    forked = jobs.forked
-    assert (jobs.result(0) != parent) == forked
-    assert jobs.result(1) == "here" and jobs.result(2) == parent and not jobs.forked
-    monkeypatch.setenv("HAPC_SERIAL", "1")
-    ran: list[int] = []
-    serial = BesideEach([lambda: ran.append(0) or 0, lambda: ran.append(1) or 1])
-    assert not serial.forked and ran == [] and serial.ready(1)      # nothing runs until asked
-    assert serial.result(1) == 1 and ran == [0, 1]
 
 
 def test_replan_imports_no_numpy_before_its_child_searches():

@@ -231,7 +231,7 @@ def test_files_read_by_the_forked_trace_are_announced_here(tmp_path, monkeypatch
     file it opens) must reach this process's trace-cache recorder, which stamps them."""
     import sys
 
-    from hapc.process.forked import Beside
+    from hapc.process.fork import Beside
     from hapc.frontend.cache.store import Recorder
 
     (tmp_path / "bt_child_only.py").write_text("VALUE = 3\n")

@@ -18,7 +18,7 @@ import pytest
 from hapc.api import synthesize
 from hapc.cli import main
 from hapc.errors import UserError
-from hapc.process.forked import spare_core
+from hapc.process.fork import spare_core
 from hapc.frontend.modelfile import load_and_trace
 from hapc.frontend.cache.store import TraceCache, TraceKey
 from hapc.frontend.cache.child import ChildTrace, TraceChild
@@ -76,7 +76,7 @@ def test_a_model_error_comes_back_as_the_same_one_line_error(tmp_path):
         raise UserError("syntax error at line 3: invalid syntax", where="model.py")
 
     with TraceChild(bad, "fp32", TraceCache(tmp_path), None) as child:
-        pid = child._jobs._pid
+        pid = child._jobs.pid
         with pytest.raises(UserError) as raised:
             child.traced()
         assert child.path() is None
@@ -139,7 +139,7 @@ def test_what_the_model_prints_in_the_child_is_not_lost(tmp_path, capfd):
 @needs_a_child
 def test_close_stops_a_child_that_still_works(tmp_path):
     with TraceChild(lambda: time.sleep(60), "fp32", TraceCache(tmp_path), None) as child:
-        pid = child._jobs._pid
+        pid = child._jobs.pid
     assert pid and not _alive(pid) and not child._scratch.exists()
 
 
@@ -150,10 +150,10 @@ def test_after_ctrl_c_the_child_stops_what_it_started_itself(tmp_path):
     started = tmp_path / "grandchild"
 
     def trace():
-        from hapc.process.forked import Beside
+        from hapc.process.fork import Beside
 
         beside = Beside(lambda: time.sleep(60))
-        started.write_text(str(beside._each._pid))
+        started.write_text(str(beside.pid))
         try:
             return beside.result()
         except BaseException:
@@ -165,7 +165,7 @@ def test_after_ctrl_c_the_child_stops_what_it_started_itself(tmp_path):
         time.sleep(0.01)
     grandchild = int(started.read_text())
     try:
-        os.kill(child._jobs._pid, signal.SIGINT)         # what the terminal sends the whole group
+        os.kill(child._jobs.pid, signal.SIGINT)         # what the terminal sends the whole group
         child.close(interrupted=True)
         assert not _alive(grandchild)
     finally:

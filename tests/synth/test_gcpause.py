@@ -1,19 +1,17 @@
-"""synthesize() runs with the cyclic collector paused (hapc/process/gcpause.py). That is only safe
-while the loop makes no reference cycles: a finished search, its eliminated segments and its
+"""synthesize() runs with the cyclic collector paused (hapc.process.collector.gc_paused). That is
+only safe while the loop makes no reference cycles: a finished search, its eliminated segments and its
 prices must be freed by reference counting alone."""
 
 from __future__ import annotations
 
-import gc
 import weakref
 
-import pytest
 import torch
 
 import hapc
 from costmodel import load_cluster
 from synth.costs import Prices
-from hapc.process.gcpause import gc_paused
+from hapc.process.collector import gc_paused
 from synth.search import Searcher
 from synth.space import SearchSpace
 from tests.synth.test_elimination import Gate  # (several live values: its segment is eliminated)
@@ -21,25 +19,6 @@ from tests.synth.test_elimination import Gate  # (several live values: its segme
 TWO_UNEVEN = {"nodes": [{"devices": [{"name": "a", "tflops": 0.3, "memory_GB": 8, "hbm_GBps": 30, "count": 1},
                                      {"name": "b", "tflops": 0.1, "memory_GB": 8, "hbm_GBps": 10, "count": 1}],
                          "intra_link": "loopback"}]}
-
-
-def test_gc_paused_restores_the_previous_state_also_on_error():
-    was = gc.isenabled()
-    try:
-        gc.enable()
-        with pytest.raises(ValueError), gc_paused():
-            assert not gc.isenabled()
-            with gc_paused():
-                pass
-            assert not gc.isenabled()          # an inner pause does not end the outer one
-            raise ValueError
-        assert gc.isenabled()
-        gc.disable()
-        with gc_paused():
-            pass
-        assert not gc.isenabled()              # off before, off after
-    finally:
-        (gc.enable if was else gc.disable)()
 
 
 def test_a_finished_search_is_freed_without_the_cyclic_collector():

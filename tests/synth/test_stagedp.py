@@ -90,11 +90,11 @@ def test_collapsed_stage_counts_solve_every_problem_alike(load_model, cluster_na
 
 def test_groups_synthesised_in_a_child_match_the_serial_ones(load_model, monkeypatch):
     """The groups' programs and profiles are shared with a forked child (synth.stages
-    start_groups, hapc.process.sharedwork): the plan, the programs and every profile are those found
+    start_groups, hapc.process.sharedjobs): the plan, the programs and every profile are those found
     one after the other."""
     import torch
 
-    from hapc.process.forked import spare_core
+    from hapc.process.fork import spare_core
     from hapc.frontend.tracer import trace
     from synth.stages import StagePlanner, pipeline_even
 
@@ -105,16 +105,16 @@ def test_groups_synthesised_in_a_child_match_the_serial_ones(load_model, monkeyp
         model = mod.model(**GPT)
     graph = trace(model, tuple(t.to("meta") for t in mod.inputs(**GPT))).graph
     cluster = load_cluster(str(REPO / "configs" / "clusters" / "cpu-2nodes-2x2.yaml"))
-    import hapc.process.sharedwork
+    import hapc.process.sharedjobs
 
     children = []
 
-    class Spy(hapc.process.sharedwork.SharedJobs):
+    class Spy(hapc.process.sharedjobs.SharedJobs):
         def __init__(self, jobs):
             super().__init__(jobs)
             children.append(self.forked)
 
-    monkeypatch.setattr(hapc.process.sharedwork, "SharedJobs", Spy)
+    monkeypatch.setattr(hapc.process.sharedjobs, "SharedJobs", Spy)
     planners, plans = [], []
     for serial in (True, False):
         if serial:

@@ -10,18 +10,17 @@ itself (keys, sources, entries) and knows nothing of processes.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hapc.process.forked import Beside
+from hapc.process.fork import Beside, single_threaded
 from hapc.frontend.cache.store import Recorder, TraceCache, TraceKey, process_start_ns
 from hapc.frontend.cache.child import TraceChild, may_trace_in_child, trace_in_child
 
 
 class StoreBeside:
-    """A new entry written by a forked child (:class:`hapc.process.forked.Beside`) while this process
+    """A new entry written by a forked child (:class:`hapc.process.fork.Beside`) while this process
     goes on to plan: listing and stamping the sources and pickling the graph cost a quarter of
     a second, which a compile need not wait for. :meth:`path` waits for the child and passes
     on its notes; where there is no spare core the entry is written then, here."""
@@ -41,8 +40,8 @@ class StoreBeside:
 
         self._done: tuple[Path | None] | None = None
         # Not beside other Python threads: one of them may hold a lock the child would need
-        # (see hapc.frontend.blocktrace.may_fork); then it is written here and now.
-        self._writing = Beside(store) if threading.active_count() == 1 else None
+        # (hapc.process.fork.single_threaded); then it is written here and now.
+        self._writing = Beside(store) if single_threaded() else None
         if self._writing is None:
             self._finish(*store())
 

@@ -30,14 +30,13 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hapc.errors import UserError
-from hapc.process.forked import BesideEach, spare_core
+from hapc.process.fork import BesideEach, single_threaded, spare_core
 from hapc.frontend.cache.store import (
     CachedTrace,
     Recorder,
@@ -59,10 +58,10 @@ GRACE_SECONDS = 0.5
 
 def may_trace_in_child() -> bool:
     """Whether a cold trace should run in a forked child: there is a spare core and ``fork``
-    (:func:`hapc.process.forked.spare_core`), this process has not imported torch (else there is no
+    (:func:`hapc.process.fork.spare_core`), this process has not imported torch (else there is no
     import to overlap, and a fork could copy a CUDA context) and runs no other thread (a lock
     one of them held would never be released in the child)."""
-    return spare_core() and "torch" not in sys.modules and threading.active_count() == 1
+    return spare_core() and "torch" not in sys.modules and single_threaded()
 
 
 @dataclass

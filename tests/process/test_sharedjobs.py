@@ -1,4 +1,4 @@
-"""Jobs shared with a forked child (hapc/process/sharedwork.py): every result comes back in list
+"""Jobs shared with a forked child (hapc/process/sharedjobs.py): every result comes back in list
 order, whoever ran it, and nothing is left behind."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from hapc.process.forked import spare_core
-from hapc.process.sharedwork import SharedJobs
+from hapc.process.fork import spare_core
+from hapc.process.sharedjobs import SharedJobs
 
 
 def _job(i: int, seconds: float = 0.0):
@@ -55,7 +55,7 @@ def test_cancel_stops_the_child_and_removes_its_files():
     if not spare_core():
         pytest.skip("one core: no child")
     jobs = SharedJobs([_job(i, 0.5) for i in range(4)])
-    folder, pid = jobs._folder, jobs._pid
+    folder, pid = jobs._folder, jobs.pid
     assert os.path.isdir(folder)
     jobs.cancel()
     assert not os.path.exists(folder) and not jobs.forked
