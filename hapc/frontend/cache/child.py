@@ -38,18 +38,10 @@ from typing import Any
 
 from hapc.errors import UserError
 from hapc.process.forked import BesideEach, spare_core
-from hapc.frontend.cache.store import (
-    CachedTrace,
-    Recorder,
-    StoredConstants,
-    TraceCache,
-    TraceKey,
-    constants_blob,
-    dump_ir,
-    load_ir,
-    process_start_ns,
-    strategies_path,
-)
+from hapc.frontend.cache.irpickle import dump_ir, load_ir
+from hapc.frontend.cache.keys import TraceKey
+from hapc.frontend.cache.sources import Recorder, process_start_ns
+from hapc.frontend.cache.store import CachedTrace, StoredConstants, TraceCache, constants_blob, strategies_path
 
 
 # How long a child interrupted by Ctrl-C may take to unwind (stopping the short trace it runs
