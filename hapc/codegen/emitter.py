@@ -226,7 +226,7 @@ def _value_order(program: DistProgram) -> dict[str, int]:
 
 
 def _node_sizes(program: DistProgram, cluster: Any) -> tuple[int, ...]:
-    """Devices per node of the plan's cluster (issue 12: one torchrun line per node)."""
+    """Devices per node of the plan's cluster (the program prints one torchrun line per node)."""
     if cluster is None or cluster.world != program.world:
         return (program.world,)
     return tuple(len(h.devices) for h in cluster.nodes)

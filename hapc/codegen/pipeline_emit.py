@@ -1,7 +1,7 @@
-"""A pipelined plan -> one standalone ``program.py`` for every rank (issue 12).
+"""A pipelined plan -> one standalone ``program.py`` for every rank.
 
-The program is the one-stage skeleton (:mod:`hapc.codegen.skeleton`: launch checks, verify,
-optimizer loop) with, between its ``generated`` markers, a table per stage (``STAGES``) and a
+The program is the one-stage skeleton (:mod:`hapc.codegen.skeleton` and
+:mod:`hapc.codegen.skeleton_main`: launch checks, verify, optimizer loop) with, between its ``generated`` markers, a table per stage (``STAGES``) and a
 forward function per stage; :mod:`hapc.runtime.pipeline` (copied as ``hapc_pipeline.py``)
 runs a rank's stage in the 1F1B or GPipe schedule and moves the boundary tensors.
 
