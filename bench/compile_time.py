@@ -101,7 +101,9 @@ def phases(layers: int) -> list[tuple[str, float]]:
     from hapc.frontend.modelfile import load_model_file
     from hapc.report.summary import write_report
     from hapc.frontend.tracer import trace
-    from hapc.frontend.cache.store import Recorder, TraceCache, TraceKey
+    from hapc.frontend.cache.keys import TraceKey
+    from hapc.frontend.cache.sources import Recorder
+    from hapc.frontend.cache.store import TraceCache
     step("import hapc")
     overrides = {"layers": layers, **SETTINGS}
     cluster = load_cluster(str(HAP8))
@@ -149,7 +151,8 @@ def warm_phases(layers: int) -> list[tuple[str, float]]:
     from hapc.api import synthesize
     from synth.lp_highspy import preferred_backend    # the LP backend hapc compile uses
     from hapc.report.summary import write_report
-    from hapc.frontend.cache.store import TraceCache, TraceKey
+    from hapc.frontend.cache.keys import TraceKey
+    from hapc.frontend.cache.store import TraceCache
     step("import hapc (no torch)")
     overrides = {"layers": layers, **SETTINGS}
     cluster = load_cluster(str(HAP8))

@@ -5,8 +5,7 @@ as part of their own arithmetic: a mean loss over uneven batch shares sums the g
 a vocabulary-parallel cross-entropy assembles log-sum-exp from every rank's max and sum, sync
 batch norm sums statistics, a sharded cumsum adds the totals of earlier ranks. Each is an
 all-reduce of a few kilobytes, which costs nothing on NVLink but a millisecond or more with
-gloo on CPUs (where one such op was 22 ms of a 168 ms step on the heterogeneous testbed), so
-they are priced like any other blocking all-reduce. A sum whose result carries gradient runs
+gloo on CPUs, so they are priced like any other blocking all-reduce. A sum whose result carries gradient runs
 a second all-reduce in backward (its autograd dual); a max or a count does not.
 """
 

@@ -1,8 +1,8 @@
 """Per-op times measured on the device, used instead of the roofline where they exist.
 
-One efficiency per op class cannot price a GPU: on one H200 the classes' fitted fractions of
-peak came out from 0.0002 to 0.06 and transformers ran 3-8x slower than priced while
-convolutions ran 7x faster. ``hapc profile --model`` therefore times every distinct op
+One efficiency per op class cannot price a GPU: the fitted fractions of peak spread over
+orders of magnitude within a class, so some models run several times slower than priced
+and others several times faster. ``hapc profile --model`` therefore times every distinct op
 *signature* of a model (op, constant arguments, input shapes and dtypes) forward and backward
 on the device, at the whole size and at smaller pieces, and writes them beside the cluster
 file (``cluster.yaml`` -> ``cluster.ops.json``). :func:`costmodel.compute.node_seconds` asks

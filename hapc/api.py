@@ -146,7 +146,8 @@ def _check_stage_options(traced: Traced, stages: int | str, microbatches: int | 
                          schedule: str | None) -> None:
     """One-line errors for stage options that cannot work, each naming the number."""
     from hapc.errors import UserError
-    from synth.stages import SCHEDULES, batch_size
+    from synth.stages import SCHEDULES
+    from synth.stagespace import batch_size
 
     if stages != "auto" and (isinstance(stages, bool) or not isinstance(stages, int) or stages < 1):
         raise UserError(f"--stages {stages}: expected a positive number of stages or 'auto'")

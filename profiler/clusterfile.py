@@ -74,8 +74,8 @@ FLOPS_NOISE_FLOOR = 0.15     # fp32 peaks closer than this are one kind of devic
 def _similar(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """One kind of device: the same name, bandwidths within 25%, and fp32 peaks that the
     measurements cannot tell apart — within 15%, or within the two measurements' spreads
-    (on a shared 2-core machine two identical cores once measured 31.7 and 46.6 GFLOPS, and a
-    plan that split shares on that ran 5% slower than even data parallelism)."""
+    (identical cores of a shared machine can measure far apart, and shares split on that noise
+    run slower than even data parallelism)."""
     fa, fb = a["peak_flops"]["fp32"], b["peak_flops"]["fp32"]
     ha, hb = a["hbm_bandwidth_Bps"], b["hbm_bandwidth_Bps"]
     noise = fa * a.get("flops_spread", 0.0) + fb * b.get("flops_spread", 0.0)

@@ -14,9 +14,8 @@ skipped and reported, not faked.
 Each timing is the slowest rank's (a max all-reduce of the elapsed times) over a few calls;
 the median of the repeats is kept. On CPUs each call comes after about a millisecond of
 compute and only the call is timed, because that is how a training step calls them: between
-ops, when the backend's threads have gone to sleep. Back-to-back calls measure a hot pipeline
-programs never see (on the 2-core VM, a 4 KB all-to-all took 0.27 ms back to back and 0.53 ms
-after 2 ms of compute). On GPUs the calls are asynchronous and run back to back.
+ops, when the backend's threads have gone to sleep; back-to-back calls would measure a hot
+pipeline programs never see, and a small collective faster than it runs in training. On GPUs the calls are asynchronous and run back to back.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ class Prices:
         self._moves: dict[tuple, MovePrice] = {}
         self._grad_sync: dict[TensorMeta, float] = {}     # the one price that depends on the overlap
         # What a search derives from this graph and these layout-change prices alone (value
-        # signatures, conversion tables; see synth.search.Searcher), kept for the next search
+        # signatures, conversion tables; see synth.moves.MoveTables), kept for the next search
         # at the same prices: with_overlap twins share it.
         self.search_memos: dict[str, object] = {}
         self._lengths_known: dict[int, tuple[int, ...]] = {}   # a dict, not a cycle through lru_cache

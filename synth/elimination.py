@@ -4,9 +4,8 @@ A mixture-of-experts layer keeps up to eleven activations live at once (gate pro
 two routing masks, their cumulative sums, capacity masks, gate weights...). The A* state is
 the tuple of their layout sets, and its heuristic (the dearest single value's relaxation, see
 :class:`synth.bounds.ValueBound`) cannot see that several of them must each be moved: the
-frontier fills with equal-cost mixtures and the search exhausts any budget (300,000
-expansions prove a 2-layer MoE). The beam that then finishes the segment is fast but far from
-optimal (MoE-12 on the HAP-8 cluster: 48% dearer per layer than the optimum).
+frontier fills with equal-cost mixtures and the search exhausts any budget. The beam that
+then finishes the segment is fast but can be far from optimal.
 
 The same problem has a structure the A* does not use: the cost of a segment is a **sum of
 small terms**, each over a few nodes' strategy choices.
@@ -52,15 +51,14 @@ MAX_TABLE_ENTRIES = 1 << 21
 # block at most 5 (which the A* finishes in a few thousand expansions).
 WIDE_LIVE = 6
 # So is a segment entered in this many states: the A* works through every one of them (after a
-# MoE layer, the next attention block starts from 8: 2,000-3,000 expansions, 20x the time of
-# its elimination), the elimination only keeps one more small variable to the end.
+# MoE layer, the next attention block starts from 8), the elimination only keeps one more small
+# variable to the end.
 WIDE_ENTRY = 6
 # And so is a segment whose entry states the A* has already solved this many times, each with
 # other relative costs: the memo keeps missing it. Where that goes on forever (a running
 # auxiliary loss held both replicated and partial drifts by a fraction of a microsecond per
 # layer), elimination then serves every later layer. A transformer block's entry costs settle
-# within three layers (ViT, BERT and GPT on HAP-8: at most 3 requests per entry set), and there
-# eliminating on the second request made the searches 8-14% slower than the A* alone.
+# within three layers, where the A* (its later runs memo hits) is the faster of the two.
 REPEATED_MISSES = 3
 
 # Elimination orders by (segment structure, variable sizes); a few hundred at most are kept.

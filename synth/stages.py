@@ -2,24 +2,16 @@
 
 A pipelined plan is a plan of plans. Stages are contiguous node ranges of the graph, each on
 a device group; inside a group the existing A* + share LP finds the SPMD program (uneven
-shares included), priced on the group as a cluster of its own. The planner chooses
-
-* the **groups**: a node, an equal part of one (halves, quarters on small clusters), or a run
-  of identical whole nodes; stages take groups in the cluster's node order or the reverse;
-* the **cuts**: positions between nodes of the graph where few activation bytes are live
-  (between transformer blocks, say), since everything live crosses the link;
-* the **micro-batch count** (powers of two that leave every group member a sample) and the
-  schedule (1F1B; GPipe when forced, see below).
+shares included), priced on the group as a cluster of its own. The planner chooses the
+device **groups**, the **cuts** and the **micro-batch count** (:mod:`synth.stagespace`), and
+the schedule (1F1B; GPipe when forced, see below).
 
 **Memoised pricing.** Each distinct group (same devices and links, wherever it sits) is
 synthesised once, for the whole graph; :func:`costmodel.pipeline.profile_program` prices its
 program per node and keeps prefix sums, so a layer range on that group costs two
 subtractions. The group's program is chosen for speed with memory left unbounded; memory is
 checked per stage for the layers it holds and the micro-batches in flight. The groups' A*
-searches and pricers (and the ``pipeline-even`` baseline's dp-even nodes) are independent
-jobs: ``synthesize(stages=...)`` starts them in a forked child before the one-stage search,
-and this process takes the rest from the other end once free (:meth:`StagePlanner.start_groups`,
-:mod:`hapc.process.sharedjobs`); the results are those of one job after the other.
+searches and pricers are independent jobs, shared with a forked child (:mod:`synth.stagejobs`).
 
 **Search, exact under the cost model.** The planner builds one problem per device order and
 micro-batch count: every group at every position, priced for every pair of cuts (what a
@@ -42,13 +34,13 @@ program on the group costs per node range without one. Arcs of groups not yet sy
 carry those bounds; the DP stays a valid lower bound, a plan that cannot beat the incumbent is
 dropped unpriced, and when one that might is found the groups it uses are synthesised and its
 problem solved again. So the result is the same, with fewer syntheses when the bounds are
-tight enough; on the bench clusters (homogeneous groups of 1-4 devices, near-equal plans) they
-save 0-2 of 8 syntheses and cost restarts, hence off by default. A second pass only reruns
+tight enough; with small homogeneous groups and near-equal plans they rarely are, and the
+restarts cost more than they save, hence off by default. A second pass only reruns
 problems whose first-pass bounds stay under the final incumbent, and a plan is only priced
 when its bound is under the incumbent.
 
-The space searched: the groups and orders above, the cut candidates
-(:func:`cut_candidates`), power-of-two micro-batch counts, up to :data:`MAX_STAGES` stages;
+The space searched: the groups and orders, the cut candidates and the power-of-two
+micro-batch counts of :mod:`synth.stagespace`, up to :data:`MAX_STAGES` stages;
 each group runs its own whole-graph program (chosen with memory unbounded), a stage its
 slice of it. GPipe is priced only when forced: per stage list its steady state pays
 ``max(f) + max(b)`` per micro-batch where 1F1B pays ``max(f + b)``, and it holds more
@@ -70,7 +62,7 @@ import numpy as np
 
 from costmodel.cluster import Cluster, Link
 from costmodel.compute import lower_bound_seconds
-from costmodel.groups import group_key, link_between, sub_cluster
+from costmodel.groups import link_between
 from costmodel.stagebounds import StageBounds, bounds_available
 from costmodel.pipeline import (  # noqa: I001
     SCHEDULES,  # noqa: F401  (the API checks --schedule against it)
@@ -79,7 +71,6 @@ from costmodel.pipeline import (  # noqa: I001
     ScheduleCost,
     StageCost,
     boundary_bytes,
-    graph_facts,
     schedule_cost,
     send_seconds,
 )
@@ -87,12 +78,13 @@ from hapc.errors import UserError
 from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
 from hapc.process.collector import gc_paused
+from synth import stagespace
 from synth.stagecosts import arc_terms, bound_pair_terms, cut_pair_terms
 from synth.stagedp import EXACT_TOLERANCE, Arc, StageProblem, StageSearch, solve_pass
+from synth.stagejobs import GroupJobs
+from synth.stagespace import Group, batch_size, cut_candidates
 
-MAX_CUTS = 48            # cut candidates kept for the DP (evenly by work when there are more)
 MAX_STAGES = 16          # most stages a plan may have
-CUT_BODY = (0.05, 0.95)  # share of the work where the least live bytes between nodes is looked for
 UNBOUNDED_MEMORY = 10**18
 
 
@@ -125,15 +117,7 @@ class Pipeline:
         return self.cost.iteration_seconds
 
 
-@dataclass
-class _Group:
-    ranks: tuple[int, ...]
-    cluster: Cluster                # the group as a cluster of its own
-    key: str
-    end: int                        # device position after the group (index into the order)
-
-
-class StagePlanner:
+class StagePlanner(GroupJobs):
     """Plans pipelines for one graph on one cluster; group programs and profiles memoised."""
 
     def __init__(self, graph: Graph, cluster: Cluster, *, optimizer: str | int = "adamw",
@@ -154,8 +138,7 @@ class StagePlanner:
         self.batch = batch_size(graph)
         self.group_syntheses = 0
         # With lazy_groups, groups are priced by lower bounds until a plan worth pricing uses them
-        # (module docstring). Off by default: on the bench clusters it saves 0-2 of 8 syntheses
-        # and costs more DP runs (restarts) and wider (W, V) fronts than it saves.
+        # (module docstring; off by default).
         self.lazy_groups = lazy_groups and bounds_available(cluster)
         self._bounds: dict[str, StageBounds] = {}
         self._bound_matrices: dict[tuple[str, int], dict[str, np.ndarray]] = {}
@@ -208,43 +191,12 @@ class StagePlanner:
         space = SearchSpace.build(graph, Prices(graph, roomy, shares, grad_sync_overlap=0.75))
         return to_program(space, search(space), shares)
 
-    def group_program(self, group: _Group) -> DistProgram:
+    def group_program(self, group: Group) -> DistProgram:
         if group.key not in self._programs:
             self.say(f"pipeline: synthesising the program of a {group.cluster.describe()} group")
             self._programs[group.key] = self._synthesize_group(self.graph, group.cluster)
             self.group_syntheses += 1
         return self._programs[group.key]
-
-    # ---- every group's program and profiles, shared with a child process ----------------------------
-    def start_groups(self) -> None:
-        """Start synthesising and pricing the search's groups (and the ``pipeline-even``
-        baseline's) in a forked child on the spare core (:mod:`hapc.process.sharedjobs`), while this
-        process goes on (the one-stage search when started before it); :meth:`_finish_groups`
-        then takes the child's results and runs what is left here, from the other end. Each
-        group's A* and pricer do not depend on another's, so the results are the same as one
-        after the other; without a spare core (or with ``HAPC_SERIAL`` set) everything runs here,
-        when first asked for. Not with ``lazy_groups``: that synthesises only the groups a plan
-        needs."""
-        if self._shared is not None or self.lazy_groups:
-            return
-        from hapc.process.sharedjobs import SharedJobs
-
-        work: dict[str, tuple[_Group, set[int]]] = {}
-        for nodes in self.device_orders():
-            _, starts = self.groups_of(nodes)
-            groups = [g for gs in starts.values() for g in gs]
-            for m in self.microbatch_counts(groups):
-                for g in groups:
-                    if len(g.ranks) <= max(1, self.batch // m) and g.key not in self._programs:
-                        work.setdefault(g.key, (g, set()))[1].add(m)
-        # Shared: the groups whose program is one A* (equal devices, the default synthesiser);
-        # an unequal group's share LP would run HiGHS, whose threads a fork does not copy.
-        shared = [(self, g, sorted(ms)) for g, ms in work.values()
-                  if g.cluster.is_homogeneous and self._default_synthesizer]
-        if shared:
-            shared += self._baseline_work()       # pipeline-even's dp-even nodes: no search, no LP
-        self._shared = (SharedJobs([functools.partial(planner._group_work, g, ms) for planner, g, ms in shared]),
-                        shared)
 
     def baseline_planner(self) -> StagePlanner:
         """The planner that prices the ``pipeline-even`` baseline's stages (:func:`pipeline_even`):
@@ -257,70 +209,7 @@ class StagePlanner:
                                                                                                   group))
         return self._baseline
 
-    def _baseline_work(self) -> list[tuple]:
-        """``pipeline-even``'s node groups and the micro-batch counts it prices them at."""
-        nodes = [list(h.devices) for h in self.cluster.nodes]
-        if len(nodes) < 2:            # (whether the model has places enough to cut is found later)
-            return []
-        even = self.baseline_planner()
-        groups = {g.key: g for g in (even.group(n) for n in nodes)}
-        counts = [m for m in even.microbatch_counts(list(groups.values()))
-                  if all(len(n) <= max(1, even.batch // m) for n in nodes)]
-        return [(even, g, counts) for g in groups.values() if g.key not in even._programs]
-
-    def _group_work(self, group: _Group, counts: list[int]) -> tuple:
-        """One group's program (as parts) and its profiles at ``counts`` micro-batches; no
-        side effects, so a child can run it and send the result back."""
-        with gc_paused():        # thousands of acyclic steps and rows (hapc.process.collector)
-            program = self._programs.get(group.key) or self._synthesize_group(self.graph, group.cluster)
-            pricer = ProgramPricer(program, group.cluster, self.optimizer)
-            return program.steps, program.source_layouts, program.shares, program._blocks, \
-                [pricer.profile(m) for m in counts]
-
-    def _finish_groups(self) -> None:
-        """The groups :meth:`start_groups` shared, done and taken in (the child's part as it
-        arrives, the rest here)."""
-        if self._shared is None:
-            self.start_groups()
-        if self._shared is None or self._shared[0] is None:
-            return
-        jobs, shared = self._shared
-        self._shared = (None, [])
-        self.shared_counts = {"group_jobs": len(shared)}
-
-        def take(results: dict[int, tuple]) -> None:
-            """Results taken in while the child finishes its job, and the stage DP's arcs of
-            those groups built meanwhile (else this process would idle)."""
-            for at, result in results.items():
-                self._take_group(*shared[at], result)
-            self._prepare_arcs()
-
-        with gc_paused():        # the child's results unpickled: acyclic steps and arrays
-            results = jobs.results(while_waiting=take)
-            for (planner, group, counts), result in zip(shared, results):
-                self._take_group(planner, group, counts, result)
-        self.shared_counts["group_jobs_from_child"] = jobs.from_child
-        self.shared_counts["group_jobs_wait_seconds"] = jobs.wait_seconds
-
-    def _take_group(self, planner: StagePlanner, group: _Group, counts: list[int], result: tuple) -> None:
-        """One group job's result (:meth:`_group_work`) kept by ``planner``, once."""
-        if group.key in planner._programs:
-            return
-        steps, layouts, shares, blocks, profiles = result
-        if planner is self:
-            self.say(f"pipeline: synthesising the program of a {group.cluster.describe()} group")
-            self.group_syntheses += 1
-        planner._programs[group.key] = DistProgram(self.graph, shares, layouts, steps, _blocks=blocks)
-        for m, prof in zip(counts, profiles):
-            planner._profiles.setdefault((group.key, m), prof)
-
-    def close(self) -> None:
-        """Stop a child :meth:`start_groups` left running (a plan that returned early, a failed search)."""
-        if self._shared is not None and self._shared[0] is not None:
-            self._shared[0].cancel()
-            self._shared = None
-
-    def profile(self, group: _Group, microbatches: int) -> ProgramProfile:
+    def profile(self, group: Group, microbatches: int) -> ProgramProfile:
         key = (group.key, microbatches)
         if key not in self._profiles:
             if group.key not in self._pricers:
@@ -330,72 +219,32 @@ class StagePlanner:
 
     def device_orders(self) -> list[list[list[int]]]:
         """Nodes (each a list of ranks) in cluster order and, when it differs, reversed."""
-        nodes = [list(h.devices) for h in self.cluster.nodes]
-        orders = [nodes]
-        if len(nodes) > 1:
-            orders.append(nodes[::-1])
-        return orders
+        return stagespace.device_orders(self.cluster)
 
-    def groups_of(self, nodes: list[list[int]]) -> tuple[list[int], dict[int, list[_Group]]]:
+    def groups_of(self, nodes: list[list[int]]) -> tuple[list[int], dict[int, list[Group]]]:
         """Device positions and, per position, the groups that may start there (found once per
         device order: each group is a sub-cluster and its key; read only)."""
         key = tuple(tuple(node) for node in nodes)
         if key not in self._groups_by_order:
-            self._groups_by_order[key] = self._find_groups(nodes)
+            self._groups_by_order[key] = stagespace.find_groups(self.cluster, nodes)
         return self._groups_by_order[key]
 
-    def _find_groups(self, nodes: list[list[int]]) -> tuple[list[int], dict[int, list[_Group]]]:
-        flat = [r for node in nodes for r in node]
-        parts = 4 if len(nodes) <= 2 else 2 if len(nodes) <= 4 else 1
-        starts: list[int] = []
-        node_start: list[int] = []
-        pos = 0
-        for node in nodes:
-            node_start.append(pos)
-            split = max(p for p in range(1, min(parts, len(node)) + 1) if len(node) % p == 0)
-            step = len(node) // split
-            starts.extend(range(pos, pos + len(node), step))
-            pos += len(node)
-        positions = starts + [pos]
-        node_of_pos = {}
-        for i, node in enumerate(nodes):
-            for p in range(node_start[i], node_start[i] + len(node)):
-                node_of_pos[p] = i
-        out: dict[int, list[_Group]] = {}
-        for a in starts:
-            i = node_of_pos[a]
-            end_of_node = node_start[i] + len(nodes[i])
-            ends = [p for p in positions if a < p <= end_of_node]
-            if a == node_start[i]:       # runs of identical whole nodes
-                shape = self._node_shape(nodes[i])
-                j = i + 1
-                while j < len(nodes) and self._node_shape(nodes[j]) == shape:
-                    ends.append(node_start[j] + len(nodes[j]))
-                    j += 1
-            groups = []
-            for b in ends:
-                ranks = tuple(flat[a:b])
-                sub = sub_cluster(self.cluster, ranks)
-                groups.append(_Group(ranks, sub, group_key(sub), b))
-            out[a] = groups
-        return positions, out
-
-    def _node_shape(self, ranks: list[int]) -> str:
-        return group_key(sub_cluster(self.cluster, ranks))
+    def group(self, ranks: Sequence[int]) -> Group:
+        return stagespace.group_of(self.cluster, ranks)
 
     # ---- per-group matrices over cut pairs ---------------------------------------------------------
-    def matrices(self, group: _Group, m: int) -> dict[str, np.ndarray]:
+    def matrices(self, group: Group, m: int) -> dict[str, np.ndarray]:
         """Stage step, tail and memory limits for every cut pair ``(i, j)`` on ``group``."""
         key = (group.key, m)
         if key not in self._matrices:
             self._matrices[key] = self._cut_pair_terms(group, m, np.array(self.cuts))
         return self._matrices[key]
 
-    def _cut_pair_terms(self, group: _Group, m: int, cuts: np.ndarray) -> dict[str, np.ndarray]:
+    def _cut_pair_terms(self, group: Group, m: int, cuts: np.ndarray) -> dict[str, np.ndarray]:
         """:meth:`matrices` over the given cut positions only (the same floats per pair)."""
         return cut_pair_terms(self.profile(group, m), cuts, len(self.graph.nodes), group.cluster, self.cluster)
 
-    def bound_matrices(self, group: _Group, m: int) -> dict[str, np.ndarray]:
+    def bound_matrices(self, group: Group, m: int) -> dict[str, np.ndarray]:
         """What :meth:`matrices` gives, bounded below (in-flight limits bounded above) for every
         program the group could run (:mod:`costmodel.stagebounds`): no synthesis needed."""
         key = (group.key, m)
@@ -405,22 +254,14 @@ class StagePlanner:
             self._bound_matrices[key] = bound_pair_terms(self._bounds[group.key].profile(m), np.array(self.cuts))
         return self._bound_matrices[key]
 
-    def _synthesised(self, group: _Group) -> bool:
+    def _synthesised(self, group: Group) -> bool:
         """Whether ``group`` is priced by its program (else by bounds, until a plan needs it)."""
         return not self.lazy_groups or group.key in self._programs
 
     # ---- the search --------------------------------------------------------------------------------
-    def microbatch_counts(self, groups: Sequence[_Group]) -> list[int]:
-        """Powers of two that divide the batch and leave the smallest group a sample per
-        member (a group too big for a count is left out of that count's DP)."""
-        smallest = min(len(g.ranks) for g in groups)
-        counts = []
-        m = 1
-        while m <= self.batch and self.batch // m >= smallest and m <= 64:
-            if self.batch % m == 0:
-                counts.append(m)
-            m *= 2
-        return counts or [1]
+    def microbatch_counts(self, groups: Sequence[Group]) -> list[int]:
+        """:func:`synth.stagespace.microbatch_counts` for this graph's batch."""
+        return stagespace.microbatch_counts(self.batch, groups)
 
     def plan(self, *, stages: int | None = None, microbatches: int | None = None,
              schedule: str | None = None, incumbent_seconds: float | None = None) -> Pipeline | None:
@@ -492,7 +333,7 @@ class StagePlanner:
         return best
 
     # ---- the exact search: a DP per step cap, caps bisected with bounds ----------------------------
-    def _problem(self, nodes: list[list[int]], positions: list[int], starts: dict[int, list[_Group]], m: int,
+    def _problem(self, nodes: list[list[int]], positions: list[int], starts: dict[int, list[Group]], m: int,
                  forced_stages: int | None, gpipe_memory: bool) -> StageProblem:
         """One device order at one micro-batch count: every group at every position, priced for
         every cut pair (what the DP adds per stage)."""
@@ -515,7 +356,7 @@ class StagePlanner:
         return StageProblem(m, len(positions), c, arcs, max_stages, ks, gpipe_memory, steps,
                         source=(nodes, positions, starts, m, forced_stages, gpipe_memory))
 
-    def _arc(self, g: _Group, flat: list[int], a: int, starts: dict[int, list[_Group]], m: int,
+    def _arc(self, g: Group, flat: list[int], a: int, starts: dict[int, list[Group]], m: int,
              ready: bool) -> tuple[np.ndarray, ...]:
         """The arc arrays of group ``g`` at device position ``a`` (:func:`synth.stagecosts.
         arc_terms`). The same group between the same links costs the same wherever it sits
@@ -563,14 +404,14 @@ class StagePlanner:
         xf, xb = self._send_cache[key]
         return xf.copy(), xb.copy()
 
-    def _link_after(self, group: _Group, starts: dict[int, list[_Group]]) -> Link | None:
+    def _link_after(self, group: Group, starts: dict[int, list[Group]]) -> Link | None:
         """The link to whichever group starts right after ``group`` (same node: its link)."""
         following = starts.get(group.end)
         if not following:
             return self.cluster.network
         return link_between(self.cluster, group.ranks, following[0].ranks[:1])
 
-    def _price(self, plan: list[tuple[_Group, int, int]], m: int, schedule: str,
+    def _price(self, plan: list[tuple[Group, int, int]], m: int, schedule: str,
                require_fit: bool = True) -> Pipeline | None:
         """The exact schedule cost of one stage list; None when a stage does not fit."""
         stage_costs: list[StageCost] = []
@@ -600,11 +441,6 @@ class StagePlanner:
             if any(b > self.cluster.devices[r].memory_bytes for r, b in zip(st.ranks, mem)):
                 return None
         return Pipeline(stages, m, schedule, sched)
-
-
-    def group(self, ranks: Sequence[int]) -> _Group:
-        sub = sub_cluster(self.cluster, ranks)
-        return _Group(tuple(ranks), sub, group_key(sub), -1)
 
 
 def price_stages(graph: Graph, cluster: Cluster, stages: Sequence[tuple[int, int, Sequence[int], DistProgram]],
@@ -645,44 +481,3 @@ def pipeline_even(planner: StagePlanner) -> Pipeline | None:
         if pipe is not None and (best is None or pipe.iteration_seconds < best.iteration_seconds):
             best = pipe
     return best
-
-
-def cut_candidates(graph: Graph, live_bytes: np.ndarray) -> list[int]:
-    """Node indices where a stage may start: 0, the end, and the positions between nodes where
-    the live activation bytes are at their smallest (within 1.5x of the least found between
-    5% and 95% of the work, not counting positions before the first or after the last
-    parameter use), at most :data:`MAX_CUTS`."""
-    n = len(graph.nodes)
-    reads_param = [i for i, reads in enumerate(graph_facts(graph).refs)
-                   if any(graph.values[r].kind == "param" for r in reads)]
-    if len(reads_param) < 2:
-        return [0, n]
-    lo, hi = reads_param[0] + 1, reads_param[-1]
-    inner = [i for i in range(lo, hi + 1) if live_bytes[i] > 0]
-    if not inner:
-        return [0, n]
-    work = np.cumsum([0.0] + [node.cost.fwd_flops + node.cost.bwd_flops + node.cost.fwd_bytes for node in graph.nodes])
-    # The least is taken away from the ends: a classifier's pooled features after the last
-    # block are far smaller than anything between blocks and would leave no cut in the body.
-    body = [i for i in inner if CUT_BODY[0] * work[-1] <= work[i] <= CUT_BODY[1] * work[-1]] or inner
-    least = min(live_bytes[i] for i in body)
-    chosen = [i for i in inner if live_bytes[i] <= 1.5 * least]
-    # Two cuts with nothing in between that does work are the same cut: keep the one that
-    # sends less (the first on a tie).
-    dedup: list[int] = []
-    for i in chosen:
-        if not dedup or work[i] > work[dedup[-1]]:
-            dedup.append(i)
-        elif live_bytes[i] < live_bytes[dedup[-1]]:
-            dedup[-1] = i
-    if len(dedup) > MAX_CUTS:
-        targets = np.linspace(work[dedup[0]], work[dedup[-1]], MAX_CUTS)
-        picks = {dedup[int(np.argmin([abs(work[i] - t) for i in dedup]))] for t in targets}
-        dedup = sorted(picks | {i for i in dedup if live_bytes[i] < least})   # cheaper than any in the body
-    return [0] + dedup + [n]
-
-
-def batch_size(graph: Graph) -> int:
-    """Samples in one global batch: the largest leading dimension of the model inputs."""
-    sizes = [graph.meta(x).shape[0] for x in graph.inputs if graph.meta(x).shape]
-    return max(sizes) if sizes else 1

@@ -43,12 +43,14 @@ from hapc.ir.program import Compute, DistProgram, Redistribute, empty_ranks
 from hapc.frontend.torchfacts import Facts
 
 SKELETON = Path(__file__).with_name("skeleton.py")
+SKELETON_MAIN = Path(__file__).with_name("skeleton_main.py")     # the program's second half
 # The runtime beside the program: copied, never imported (each imports torch).
 RUNTIME_FILES = {"hapc_local_ops.py": runtime_facts.LOCAL_OPS, "hapc_collectives.py": runtime_facts.COLLECTIVES,
                  "hapc_checkpoint.py": runtime_facts.CHECKPOINT,   # --save/--load
                  "hapc_timings.py": runtime_facts.TIMINGS}         # --timings
 BEGIN = "# ==== generated: tables and forward (begin) ===="
 END = "# ==== generated: tables and forward (end) ===="
+CONTINUED = "# ==== skeleton, continued ====\n"    # in skeleton_main.py: the program text follows
 OPTIMIZERS = ("adamw", "adam", "sgd")
 # Names the generated forward uses for itself; values never take them.
 RESERVED = {"rt", "v", "aten", "torch", "math", "L", "C", "M", "forward", "nodes", "params", "Any"}
@@ -114,18 +116,19 @@ def render(program: DistProgram, model_name: str, *, model_kwargs: dict, optimiz
 
 def skeleton_parts() -> tuple[str, str]:
     """The skeleton's text before the generated block (without its docstring, which each program
-    replaces with its own) and after it.
+    replaces with its own) and after it, followed by the second half's (skeleton_main.py after
+    its :data:`CONTINUED` line).
 
     The docstring ends at the first closing triple quote, as Python reads it (the skeleton's has
-    no escaped quotes; tests/codegen/test_codegen.py checks this against ``ast``): parsing the
-    skeleton only to find that line took a tenth of a replan's program time."""
+    no escaped quotes; tests/codegen/test_after_planning.py checks this against ``ast``), so the
+    skeleton is read without being parsed."""
     skeleton = SKELETON.read_text()
     if not skeleton.startswith('"""'):
         raise ValueError(f"{SKELETON} should start with its docstring")
     doc_end = skeleton.count("\n", 0, skeleton.index('"""', 3)) + 1     # the docstring's last line
     head, rest = skeleton.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    return "\n".join(head.splitlines()[doc_end:]), tail
+    return "\n".join(head.splitlines()[doc_end:]), tail + SKELETON_MAIN.read_text().split(CONTINUED, 1)[1]
 
 
 # ---- names -----------------------------------------------------------------------------------
@@ -223,7 +226,7 @@ def _value_order(program: DistProgram) -> dict[str, int]:
 
 
 def _node_sizes(program: DistProgram, cluster: Any) -> tuple[int, ...]:
-    """Devices per node of the plan's cluster (issue 12: one torchrun line per node)."""
+    """Devices per node of the plan's cluster (the program prints one torchrun line per node)."""
     if cluster is None or cluster.world != program.world:
         return (program.world,)
     return tuple(len(h.devices) for h in cluster.nodes)

@@ -1,7 +1,7 @@
-"""A pipelined plan -> one standalone ``program.py`` for every rank (issue 12).
+"""A pipelined plan -> one standalone ``program.py`` for every rank.
 
-The program is the one-stage skeleton (:mod:`hapc.codegen.skeleton`: launch checks, verify,
-optimizer loop) with, between its ``generated`` markers, a table per stage (``STAGES``) and a
+The program is the one-stage skeleton (:mod:`hapc.codegen.skeleton` and
+:mod:`hapc.codegen.skeleton_main`: launch checks, verify, optimizer loop) with, between its ``generated`` markers, a table per stage (``STAGES``) and a
 forward function per stage; :mod:`hapc.runtime.pipeline` (copied as ``hapc_pipeline.py``)
 runs a rank's stage in the 1F1B or GPipe schedule and moves the boundary tensors.
 
@@ -91,7 +91,7 @@ def micro_batch_graph(plan: Plan) -> MicroTrace:
 
 
 def _micro_batch_rows(plan: Plan) -> int:
-    from synth.stages import batch_size
+    from synth.stagespace import batch_size
 
     m = plan.pipeline.microbatches
     batch = batch_size(plan.graph)
@@ -103,7 +103,7 @@ def _micro_batch_rows(plan: Plan) -> int:
 def _traced_micro_batch(plan: Plan, rows: int) -> MicroTrace:
     from hapc.ir.precision import autocast_graph
     from hapc.frontend.modelfile import load_model_file
-    from synth.stages import batch_size
+    from synth.stagespace import batch_size
 
     batch = batch_size(plan.graph)
     mf = load_model_file(plan.model["file"], plan.model.get("kwargs") or {})
@@ -315,7 +315,7 @@ def render_pipeline(plan: Plan, graph: Graph, model_name: str, reduction: str | 
 
 def _globals(plan: Plan, graph: Graph, model_name: str, pipe: Any, holders: dict[str, list[int]],
              reduction: str) -> str:
-    from synth.stages import batch_size
+    from synth.stagespace import batch_size
 
     whole = plan.graph
     batch, m = batch_size(whole), pipe.microbatches

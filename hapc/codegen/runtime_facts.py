@@ -9,8 +9,8 @@ variant name maps to, and which local ops are generators (the program drives tho
 ``rt.drive``). Those are read from the same files that get copied, so there is one source of
 truth; tests/codegen/test_emit_torch_free.py checks them against the imported modules.
 
-Parsing a whole runtime file costs 15-50 ms, a tenth of a replan's budget for its program;
-so only the top-level statements asked about are parsed (a local op's definition, the
+Parsing a whole runtime file is a sizeable part of a replan's budget for its program, so
+only the top-level statements asked about are parsed (a local op's definition, the
 module's assignments), cut from the text at the lines that start a top-level statement. A cut
 made in the wrong place leaves an open bracket or string, which does not parse: then the
 whole file is parsed, as before.

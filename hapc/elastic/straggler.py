@@ -3,11 +3,10 @@
 An emitted program run with ``--timings`` prints each rank's compute seconds per step. Each rank
 did the work the plan gave it, so its measured compute over the cost model's prediction for it
 (``SimResult.compute_seconds``) is how much slower than modelled that device ran. Those ratios
-are noisy — two identical cores of a shared 2-core machine were once measured at 31.7 and
-46.6 GFLOPS, and a plan that split work on that ran 5% slower than even data parallelism — so
-ranks whose step-by-step ratios overlap (the range of their samples, widened to a floor of
-``NOISE_FLOOR``) are put in one group and get one speed: shares are only split on differences
-the measurements can tell apart. Speeds are relative to the fastest group (absolute calibration
+are noisy (identical cores of a shared machine can measure far apart, and shares split on
+that noise run slower than even data parallelism), so ranks whose step-by-step ratios overlap
+(the range of their samples, widened to a floor of ``NOISE_FLOOR``) are put in one group and
+get one speed: shares are only split on differences the measurements can tell apart. Speeds are relative to the fastest group (absolute calibration
 is ``hapc calibrate``'s job), so only ranks measured slower than the rest change.
 """
 

@@ -180,7 +180,7 @@ def _reading(mode: Any, flags: Any) -> bool:
 
 def _announce_reads(done: tuple[Any, list[str]]) -> Any:
     """Raise here the ``open`` audit events of the files a forked child read, so that whoever
-    records what a trace depended on (hapc.frontend.cache.store) sees them as if read in this process."""
+    records what a trace depended on (hapc.frontend.cache.sources) sees them as if read in this process."""
     result, reads = done
     for path in reads:
         sys.audit("open", path, "r", os.O_RDONLY)

@@ -6,13 +6,12 @@ compares plans with ``hapc check``). It holds the graph too, so a plan can be re
 on another cluster or emitted without tracing the model again.
 
 The file is written by the C JSON encoder, one entry per line down to the records of the big
-lists (steps, the graph's values and nodes): indenting every number with the pure-Python
-encoder took 0.3 s for a 48-layer GPT. Loading a plan does not simulate it until something
+lists (steps, the graph's values and nodes), rather than by the much slower pure-Python
+encoder that indenting every number needs. Loading a plan does not simulate it until something
 reads its simulation (:attr:`Plan.sim`); :attr:`Plan.recorded_seconds` is the predicted time
 the file holds, for a caller that needs no more.
 
-A replanned plan keeps the old plan's graph, which is most of the file (480 of 700 kB for a
-48-layer GPT). :meth:`Plan.load` keeps the graph's lines as it read them, and saving a plan of
+A replanned plan keeps the old plan's graph, which is most of the file. :meth:`Plan.load` keeps the graph's lines as it read them, and saving a plan of
 that same graph writes them again rather than encoding it anew (see :class:`_GraphSection`).
 """
 
@@ -71,7 +70,7 @@ class Plan:
     search: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)         # file, kwargs, optimizer
     precision: Precision = field(default_factory=Precision)     # dtypes, TF32, gradient reduction
-    # Pipeline stages (issue 12); None for a one-stage plan over all devices, whose program is
+    # Pipeline stages; None for a one-stage plan over all devices, whose program is
     # ``program``. A pipelined plan keeps the best one-stage program in ``program`` and ``sim``
     # for comparison; its cost, memory and shares come from the stages.
     pipeline: Pipeline | None = None
@@ -316,9 +315,9 @@ class Plan:
 
 
 def prepare_save(graph: Graph) -> None:
-    """Do now what saving a plan of ``graph``, a loaded plan's, would do first: hash its entry
-    (4 ms for a 48-layer GPT), which the save then finds done. For a caller with time to
-    spare (hapc replan, while its child searches)."""
+    """Do now what saving a plan of ``graph``, a loaded plan's, would do first: hash its entry,
+    which the save then finds done. For a caller with time to spare (hapc replan, while its
+    child searches)."""
     section = _GraphSection.of(graph)
     if section is not None:
         _ = section.hash

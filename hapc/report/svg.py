@@ -1,10 +1,9 @@
 """The per-device time and memory chart of ``report.md``, written as SVG text.
 
-``hapc compile`` used to draw it with matplotlib: importing and rendering took about a second
-of CPU, a tenth of a whole compile. Two bar charts need no plotting library: this module writes
-the same picture (stacked time per device, memory per device against capacity) as plain SVG,
-which Markdown viewers show like a PNG. The notebook view keeps its matplotlib PNG
-(:func:`hapc.report.summary.chart_png`).
+Two bar charts need no plotting library, whose import and rendering would cost a compile more
+CPU than the chart is worth: this module writes the picture (stacked time per device, memory
+per device against capacity) as plain SVG, which Markdown viewers show like a PNG. The
+notebook view keeps its matplotlib PNG (:func:`hapc.report.summary.chart_png`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """Collectives for emitted programs: uneven pieces over real ``torch.distributed``, each an
-autograd Function whose backward is its dual.
-
-An SPMD program changes a value's layout with a collective; autograd must then run the dual
-collective on the gradient (the table below, as :mod:`costmodel.transfers` prices it), so the
+autograd Function whose backward is its dual (as :mod:`costmodel.transfers` prices it), so an
 emitted program is only a forward program and its backward comes for free.
 
 =================  ============================  ======================================
@@ -17,27 +14,17 @@ S(d) -> P          :func:`shard_to_partial`      slice
 R -> P             :func:`replicate_to_partial`  rank 0 keeps, the others get zeros
 =================  ============================  ======================================
 
-Pieces are uneven (each rank's length follows its share), which neither gloo nor NCCL
-accepts in list collectives. Each collective has variants, named as the cost model names them:
+Pieces are uneven (each rank's length follows its share), which gloo's and NCCL's list
+collectives do not accept. The variants, named as the cost model names them: ``padded`` (the
+default: pad every piece to the largest, one equal-size collective), ``all_to_all``
+(``all_to_all_single`` with split sizes, no padding), ``grouped`` (a broadcast or reduce per
+piece) and ``hierarchical`` (inter-node then intra-node for gathers, the mirror image for
+reductions). A backend without ``reduce_scatter_tensor`` or ``all_to_all_single`` falls back
+to all-reduce or all-gather + slice (same result).
 
-* ``padded`` (``ring``): pad every piece to the largest, one equal-size collective
-  (``all_gather_single`` / ``reduce_scatter_single``, formerly ``*_into_tensor`` /
-  ``*_tensor``), drop the padding — the default;
-* ``all_to_all``: ``all_to_all_single`` with split sizes, which takes uneven pieces on both
-  backends and moves no padding;
-* ``grouped``: one broadcast (or reduce) per rank's piece;
-* ``hierarchical``: inter-node then intra-node for gathers, the mirror image for reductions
-  (intra-node reduce-scatter, inter-node all-reduce, intra-node all-gather for all-reduce),
-  on subgroups built once per process (Hetu v2's composition).
-
-A backend without ``reduce_scatter_tensor`` (older gloo) falls back to all-reduce + slice,
-and one without ``all_to_all_single`` to all-gather + slice; the result is the same.
-
-At the end are the two pieces of process set-up emitted programs share with the profiler and
-the DDP reference, so that all three run alike: :func:`keep_freed_memory` and
-:func:`fused_optimizer`.
-
-This module depends on torch only: code generation copies it beside emitted programs.
+:func:`keep_freed_memory` and :func:`fused_optimizer` are process set-up shared with the
+profiler and the DDP reference, so that all three run alike. Depends on torch only: code
+generation copies this module beside emitted programs.
 """
 
 from __future__ import annotations
@@ -73,20 +60,15 @@ def method_of(name: str) -> str:
 
 
 class Comm:
-    """The process group a program (or one pipeline stage) runs on, and what its collectives
-    learn about it.
+    """The process group a program (or pipeline stage) runs on, and what its collectives learn.
 
-    ``ranks`` are the group's global ranks in order (default: every rank) and ``group`` its
-    process group (None: the world). ``rank``/``world`` are this rank's index in the group and
-    the group's size, which is all the collectives below look at. Nodes: ``node_sizes`` (the
-    plan's ranks per node, in cluster order, so a 1+2+3 cluster is described exactly), else
-    ``ranks_per_node``, else torchrun's ``LOCAL_WORLD_SIZE``; ``HAPC_RANKS_PER_NODE`` overrides
-    all of them (to try hierarchical forms on one host). Hierarchical forms need the group's
-    ranks to fill equal nodes node by node; otherwise the flat forms run (same result).
-    Subgroups are created here, collectively, only when ``hierarchical`` is set, because every
-    rank must create every group in the same order: a pipeline builds every stage's Comm on
-    every rank (:func:`stage_comms`).
-    """
+    ``ranks`` are the group's global ranks in order (default: every rank), ``group`` its process
+    group (None: the world); ``rank``/``world`` are this rank's index in it and its size. Nodes:
+    ``node_sizes`` (the plan's ranks per node, in cluster order), else ``ranks_per_node``, else
+    torchrun's ``LOCAL_WORLD_SIZE``; ``HAPC_RANKS_PER_NODE`` overrides all of them. Hierarchical
+    forms need the ranks to fill equal nodes node by node, else the flat forms run (same result);
+    their subgroups are made only when ``hierarchical`` is set, and collectively: every rank makes
+    every group in the same order (a pipeline makes every stage's Comm, :func:`stage_comms`)."""
 
     def __init__(self, hierarchical: bool = False, ranks_per_node: int | None = None, *,
                  ranks: Sequence[int] | None = None, group: Any = None,
@@ -142,9 +124,8 @@ def _ranks_per_node(ranks: list[int], ranks_per_node: int | None, node_sizes: Se
 
 def stage_comms(stage_ranks: Sequence[Sequence[int]], hierarchical: Sequence[bool],
                 node_sizes: Sequence[int]) -> Comm | None:
-    """Every stage's process group (and its hierarchical subgroups), created on every rank in
-    stage order as ``dist.new_group`` requires; returns this rank's stage's Comm (None for a
-    rank no stage uses)."""
+    """Every stage's process group (and hierarchical subgroups), made on every rank in stage order
+    as ``dist.new_group`` requires; this rank's stage's Comm (None for a rank no stage uses)."""
     me = dist.get_rank()
     mine = None
     for ranks, hier in zip(stage_ranks, hierarchical):
@@ -156,7 +137,6 @@ def stage_comms(stage_ranks: Sequence[Sequence[int]], hierarchical: Sequence[boo
 
 
 # ---- helpers -----------------------------------------------------------------------------------
-
 def _offsets(lengths: Sequence[int]) -> list[int]:
     out, acc = [], 0
     for n in lengths:
@@ -181,7 +161,6 @@ def _unrows(rows: torch.Tensor, dim: int, like: torch.Tensor) -> torch.Tensor:
 
 
 # ---- uneven gathers and reductions on rows (no autograd) --------------------------------------
-
 def _gather_rows(comm: Comm, rows: torch.Tensor, lengths: Sequence[int], method: str,
                  group: tuple[Any, list[int], int] | None = None) -> torch.Tensor:
     """Concatenate every member's rows (member ``r`` holds ``lengths[r]`` rows)."""
@@ -319,7 +298,6 @@ def _all_reduce_flat(comm: Comm, x: torch.Tensor, method: str) -> torch.Tensor:
 
 
 # ---- the layout changes ----------------------------------------------------------------------
-
 def gather(comm: Comm, x: torch.Tensor, dim: int, lengths: Sequence[int], method: str = PADDED) -> torch.Tensor:
     """S(dim) -> R without autograd (also used to assemble full gradients for checks)."""
     return _unrows(_gather_rows(comm, _rows(x, dim), lengths, method), dim, x)
@@ -412,13 +390,10 @@ class _AllToAll(torch.autograd.Function):
 
 
 class _LinearSFB(torch.autograd.Function):
-    """Data-parallel linear with sufficient factor broadcasting.
-
-    Backward gathers the batch pieces of the input and of the output gradient and computes
-    the *complete* weight and bias gradients on every rank, instead of all-reducing partial
-    ones: ``batch x (in + out)`` values move instead of ``in x out``. Those parameters are
-    therefore left out of the gradient all-reduce.
-    """
+    """Data-parallel linear with sufficient factor broadcasting: backward gathers the batch
+    pieces of the input and the output gradient and computes the *complete* weight and bias
+    gradients on every rank (``batch x (in + out)`` values move instead of ``in x out``), so
+    those parameters are left out of the gradient all-reduce."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, comm, dim, lengths):
@@ -488,16 +463,11 @@ def replicate_to_partial(comm: Comm, x: torch.Tensor) -> torch.Tensor:
 
 
 # ---- what local ops ask for, and gradient synchronisation ------------------------------------
-
 def drive(comm: Comm, gen: Any, keep: list[torch.Tensor] | None = None) -> Any:
     """Run a generator local op, answering each request it yields (``.kind`` "sum" or "max",
     ``.tensor``) with a real all-reduce: differentiable for sums, a constant for maxima.
-
-    Differentiable answers are appended to ``keep``: a local op may use an answer on some
-    ranks only (rank 0 adds the log-sum-exp of a vocabulary-parallel loss), yet the answer's
-    backward is an all-reduce every rank must join, so the caller ties them to the loss
-    (:func:`tie`).
-    """
+    Differentiable answers are appended to ``keep``: a local op may use one on some ranks only,
+    yet its backward is an all-reduce every rank must join (the caller ties them, :func:`tie`)."""
     if not hasattr(gen, "send"):
         return gen
     answer = None
@@ -531,24 +501,18 @@ class _Tie(torch.autograd.Function):
 
 def tie(loss: torch.Tensor, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """``loss`` unchanged, but with ``tensors`` in its backward graph (with zero gradients), so
-    every rank runs the backward collective of each, whether or not its loss used it.
-
-    Autograd runs reachable nodes in reverse creation order, which is the same on every rank
-    once the same collectives are reachable everywhere: ranks then issue them in one order.
-    """
+    every rank runs the backward collective of each, whether or not its loss used it: autograd
+    runs reachable nodes in reverse creation order, so ranks then issue them in one order."""
     return _Tie.apply(loss, *tensors) if tensors else loss
 
 
 class GradSync:
-    """All-reduce of the gradients of replicated parameters, bucketed and overlapped with
-    backward as DDP does: their local gradients are Partial, the sum is the true gradient.
-
-    ``params`` is in the order gradients become ready (reverse order of first use). A bucket
-    is launched (asynchronously) as soon as its gradients are all accumulated and every
-    earlier bucket has been launched, so every rank issues the same collectives in the same
-    order; :meth:`finish` launches what is left and waits. Gradients are synchronised on
-    every backward: accumulate across micro-batches only after zeroing between steps.
-    """
+    """All-reduce of the gradients of replicated parameters (Partial locally), bucketed and
+    overlapped with backward as DDP does. ``params`` is in the order gradients become ready; a
+    bucket is launched (asynchronously) once its gradients are all in and every earlier bucket
+    has been, so all ranks issue the same collectives in one order; :meth:`finish` launches the
+    rest and waits. Every backward is synchronised: accumulate over micro-batches only after
+    zeroing between steps."""
 
     def __init__(self, comm: Comm, params: Sequence[torch.Tensor], bucket_bytes: int = 25 * 2**20,
                  first_bucket_bytes: int = 2**20, overlap: bool = True) -> None:
@@ -601,22 +565,15 @@ class GradSync:
 
 
 # ---- host memory -------------------------------------------------------------------------------
-
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4       # glibc mallopt parameters (malloc.h)
 
 
 def keep_freed_memory() -> bool:
-    """Make glibc keep freed memory for reuse instead of returning it to the system.
-
-    By default glibc serves every allocation above its mmap threshold (at most 32 MB) with a
-    fresh ``mmap`` and unmaps it on free, so each large activation, gradient or collective
-    buffer of a training step is faulted in page by page again: on the 2-core VM this
-    project is measured on, writing a fresh 100 MB tensor ran at 2 GB/s instead of 10, and
-    a 512x256x50000 matmul at 34 instead of 47 GFLOPS. CPU training guides fix this with
-    jemalloc or tcmalloc; glibc's own ``mallopt`` does the same (no mmap, no trimming) with
-    nothing to install. GPU tensors are unaffected. Returns whether it took effect (False
-    off glibc, or with ``HAPC_SYSTEM_MALLOC=1`` set, to measure without it).
-    """
+    """Make glibc keep freed memory for reuse instead of returning it to the system: by
+    default every allocation above its mmap threshold is a fresh ``mmap``, unmapped on free, so
+    each large buffer of a training step is faulted in page by page again. ``mallopt`` (no mmap,
+    no trimming) avoids that as jemalloc or tcmalloc would; GPU tensors are unaffected. Returns
+    whether it took effect (False off glibc, or with ``HAPC_SYSTEM_MALLOC=1`` set)."""
     if os.environ.get("HAPC_SYSTEM_MALLOC") == "1":
         return False
     try:
@@ -630,12 +587,8 @@ def keep_freed_memory() -> bool:
 
 def fused_optimizer(cls: type, params: list[torch.Tensor], **options: Any) -> torch.optim.Optimizer:
     """``cls(params, fused=True, **options)`` where this torch has a fused kernel for it, else
-    the default (for-each) implementation.
-
-    The fused step reads and writes each parameter, gradient and moment once per step in
-    cache-sized blocks; on one CPU core AdamW over 5.4 M parameters took 9 ms fused and 66 ms
-    for-each. The arithmetic is the same update, so results agree to float rounding.
-    """
+    the default (for-each) one: the fused step reads and writes each parameter, gradient and
+    moment once per step in cache-sized blocks, and results agree to float rounding."""
     if params and all(p.is_floating_point() for p in params):
         try:
             return cls(params, fused=True, **options)

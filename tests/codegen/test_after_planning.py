@@ -29,7 +29,9 @@ def test_the_skeleton_docstring_ends_where_python_says():
     skeleton = emitter.SKELETON.read_text()
     doc_end = ast.parse(skeleton).body[0].end_lineno
     head, rest = skeleton.split(emitter.BEGIN, 1)
-    assert emitter.skeleton_parts() == ("\n".join(head.splitlines()[doc_end:]), rest.split(emitter.END, 1)[1])
+    second_half = emitter.SKELETON_MAIN.read_text().split(emitter.CONTINUED, 1)[1]
+    assert emitter.skeleton_parts() == ("\n".join(head.splitlines()[doc_end:]),
+                                        rest.split(emitter.END, 1)[1] + second_half)
 
 
 def test_runtime_facts_from_cut_statements_equal_the_whole_file_parse():

@@ -232,7 +232,7 @@ def test_files_read_by_the_forked_trace_are_announced_here(tmp_path, monkeypatch
     import sys
 
     from hapc.process.fork import Beside
-    from hapc.frontend.cache.store import Recorder
+    from hapc.frontend.cache.sources import Recorder
 
     (tmp_path / "bt_child_only.py").write_text("VALUE = 3\n")
     (tmp_path / "bt_setting.txt").write_text("4")

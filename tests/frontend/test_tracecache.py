@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hapc.frontend.cache import store as tracecache
+from hapc.frontend.cache import keys as tracekeys
 from hapc.cli import main
 from hapc.frontend.modelfile import load_model_file
 from hapc.frontend.cache.cached_trace import trace_model_file
@@ -132,7 +132,7 @@ def test_any_change_to_what_decided_the_graph_misses(model_dir, monkeypatch, cha
     elif change == "setting":
         overrides = {"hidden": 9}
     else:
-        monkeypatch.setattr(tracecache, "torch_version", lambda: "0.0.0-other")
+        monkeypatch.setattr(tracekeys, "torch_version", lambda: "0.0.0-other")
     traced, calls = _through(cache, d / "net.py", overrides)
     assert calls == 1, f"a changed {change} must not hit"
     if change in ("imported module", "file it read"):
@@ -159,7 +159,7 @@ def test_a_damaged_entry_is_a_miss_with_a_note(model_dir, damage):
     entry.write_bytes({
         "garbage": b"\x00not a pickle",
         "truncated": blob[: len(blob) // 2],
-        "foreign class": pickle.dumps({"format": tracecache.FORMAT, "graph": os.getcwd, "key": "", "sources": []}),
+        "foreign class": pickle.dumps({"format": tracekeys.FORMAT, "graph": os.getcwd, "key": "", "sources": []}),
         "other format": pickle.dumps({"format": "hapc-trace-cache/0"}),
     }[damage])
     traced, calls = _through(cache, d / "net.py")
@@ -316,14 +316,14 @@ def test_the_key_ignores_how_hapc_was_started(tmp_path, monkeypatch):
     (work / "mymodel.py").write_text("")
     rest = [p for p in sys.path if p]
     monkeypatch.setattr(sys, "path", [str(bin_dir), str(work)] + rest)
-    as_script = tracecache.TraceKey.for_model_file(MLP, {})
+    as_script = tracekeys.TraceKey.for_model_file(MLP, {})
     monkeypatch.chdir(work)
     monkeypatch.setattr(sys, "path", ["", str(work)] + rest)
-    as_module = tracecache.TraceKey.for_model_file(MLP, {})
+    as_module = tracekeys.TraceKey.for_model_file(MLP, {})
     assert as_script == as_module
     (bin_dir / "shadow.py").write_text("")
     monkeypatch.setattr(sys, "path", [str(bin_dir), str(work)] + rest)
-    assert tracecache.TraceKey.for_model_file(MLP, {}) != as_module
+    assert tracekeys.TraceKey.for_model_file(MLP, {}) != as_module
 
 
 def test_quiet_compile_prints_no_cache_notes(tmp_path, monkeypatch, capsys):

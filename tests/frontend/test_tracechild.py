@@ -20,7 +20,8 @@ from hapc.cli import main
 from hapc.errors import UserError
 from hapc.process.fork import spare_core
 from hapc.frontend.modelfile import load_and_trace
-from hapc.frontend.cache.store import TraceCache, TraceKey
+from hapc.frontend.cache.keys import TraceKey
+from hapc.frontend.cache.store import TraceCache
 from hapc.frontend.cache.child import ChildTrace, TraceChild
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,9 +2,9 @@
 forked before torch is imported where that is possible, :mod:`hapc.frontend.cache.child`; else here),
 with the new cache entry written while the compile goes on to plan.
 
-:func:`trace_model_file` is what :mod:`hapc.frontend.from_file` (the path ``hapc compile`` and
-``synthesize("model.py", ...)`` share) calls; :mod:`hapc.frontend.cache.store` holds the cache
-itself (keys, sources, entries) and knows nothing of processes.
+:func:`trace_model_file` is the one entry point (``hapc compile`` and
+``synthesize("model.py", ...)``); the cache itself (:mod:`hapc.frontend.cache.store`, with its
+keys, sources and entry format) knows nothing of processes.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from hapc.process.fork import Beside, single_threaded
-from hapc.frontend.cache.store import Recorder, TraceCache, TraceKey, process_start_ns
+from hapc.frontend.cache.keys import TraceKey
+from hapc.frontend.cache.sources import Recorder, process_start_ns
+from hapc.frontend.cache.store import TraceCache
 from hapc.frontend.cache.child import TraceChild, may_trace_in_child, trace_in_child
 
 

@@ -1,10 +1,9 @@
 """A cold ``hapc compile`` traces in a child process forked before torch is imported.
 
 A compile whose trace is not in the cache (:mod:`hapc.frontend.cache.store`) spends most of its time
-before the first op is seen: ``import torch``, ``torch._dynamo`` and torch.export's tracer,
-about 1.5 s of a 2.4 s cold compile of a 48-layer GPT. A compile that finds its trace in the
-cache imports none of them: it reads the graph and every node's candidate strategies and
-plans in a small, torch-free process. So a cold compile forks first, while it is still that
+before the first op is seen: ``import torch``, ``torch._dynamo`` and torch.export's tracer. A
+compile that finds its trace in the cache imports none of them: it reads the graph and every
+node's candidate strategies and plans in a small, torch-free process. So a cold compile forks first, while it is still that
 small process: the child imports torch, loads the model file, traces it and derives the
 strategies (the sharding rules import torch, and the child has it), and sends back what a
 cache entry would hold (the graph as :mod:`pickle` bytes of hapc IR, the constant tensors as
@@ -37,18 +36,10 @@ from typing import Any
 
 from hapc.errors import UserError
 from hapc.process.fork import BesideEach, single_threaded, spare_core
-from hapc.frontend.cache.store import (
-    CachedTrace,
-    Recorder,
-    StoredConstants,
-    TraceCache,
-    TraceKey,
-    constants_blob,
-    dump_ir,
-    load_ir,
-    process_start_ns,
-    strategies_path,
-)
+from hapc.frontend.cache.irpickle import dump_ir, load_ir
+from hapc.frontend.cache.keys import TraceKey
+from hapc.frontend.cache.sources import Recorder, process_start_ns
+from hapc.frontend.cache.store import CachedTrace, StoredConstants, TraceCache, constants_blob, strategies_path
 
 
 # How long a child interrupted by Ctrl-C may take to unwind (stopping the short trace it runs

@@ -4,29 +4,9 @@ Tracing costs more than searching for a deep model, and most of it is not the tr
 ``torch`` and ``torch._dynamo`` takes seconds before the first op is seen. A user who compiles
 the same model again (another cluster, another time budget, another precision) gets the same
 graph, so, as ccache and torch's own FX graph cache do, the graph is stored once and reused
-while nothing it was made from has changed.
-
-What decides a traced graph, and so what an entry is checked against:
-
-* the **key** (the entry's file name is its hash): the model file's bytes and resolved path,
-  the ``--set`` overrides with their types, the trace mode (block tracing on or off), the
-  torch version and location (its ``version.py``, found with ``find_spec``: importing torch
-  would take seconds), Python's version, ``sys.path`` (made absolute, without repeats and
-  without directories that hold no module: it decides which module an ``import`` finds), the
-  ``TORCH*``/``PYTORCH*`` environment variables (not inductor's or torchrun's) and this
-  cache's format;
-* the **sources**: every Python file loaded in the process when the entry was written (the
-  model's own modules, the libraries it used, hapc's tracer, rules and search), and every
-  file opened for reading while the model file was loaded, built and traced (a
-  configuration a model reads), each with its size, ``mtime_ns`` and (outside
-  site-packages) SHA-256. A hit needs every one unchanged, as Python checks a ``.pyc``
-  against its source: a different stat is forgiven only when the content hash still matches
-  (a ``git checkout`` that touched the file).
-  The standard library (Python's version is in the key) and torch's own files (torch's
-  version is) are not listed. A trace is not stored while a module loaded before it began
-  may run other code than its file now holds (edited since this process started and no
-  longer matching its ``.pyc``: a notebook that did not reload it); the entry would stamp old
-  code's graph with the new file.
+while nothing it was made from has changed: the entry's **key**
+(:mod:`hapc.frontend.cache.keys`) and every **source** the trace read
+(:mod:`hapc.frontend.cache.sources`).
 
 The precision is not in the key: the cache holds the graph as traced, before
 :func:`hapc.ir.precision.autocast_graph`, so one entry serves fp32 and bf16 plans. Beside the
@@ -34,9 +14,8 @@ graph an entry keeps, per precision, the candidate strategies of every node (the
 :mod:`synth.reuse` format): with them a hit searches without the sharding rules, which import
 torch. So a hit never imports ``torch._dynamo``, and with a torch-free emitter not torch.
 
-The graph is stored with :mod:`pickle` (exact: tuples stay tuples, floats keep every bit) and
-read back by an unpickler that admits only hapc IR classes and plain Python values, so an
-entry can neither run code nor import torch. Constants with data that the graph reads (tensors
+The graph is stored as pickle bytes that name only hapc IR classes and plain values
+(:mod:`hapc.frontend.cache.irpickle`). Constants with data that the graph reads (tensors
 ``torch.export`` lifted out of forward, such as the empty tensors of Hugging Face attention)
 are torch objects: they are kept as ``torch.save`` bytes beside the graph and loaded (which
 imports torch, not ``torch._dynamo``) only when the program is written.
@@ -55,16 +34,9 @@ modification time.
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
-import importlib.machinery
-import importlib.util
 import io
-import json
 import os
-import pickle
 import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -72,21 +44,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hapc.frontend.cache.irpickle import dump_ir, load_ir
+from hapc.frontend.cache.keys import FORMAT, TraceKey
+from hapc.frontend.cache.sources import Recorder, SourceStamp, edited_after_loading, listed_sources, stamps
 from hapc.ir.graph import Graph
 
-FORMAT = "hapc-trace-cache/1"
 ENTRY_SUFFIX = ".trace"
 CACHE_DIR_ENV = "HAPC_CACHE_DIR"
 # Entries kept; writing one more removes the least recently used (a hit marks its entry used).
-# A 48-layer GPT's entry is under a megabyte.
 MAX_ENTRIES = 256
 # Constant tensors an entry may hold (they are data, not graph: a model that bakes a large
 # table into forward is traced each time rather than copied into the cache).
 MAX_CONSTANTS_BYTES = 64 * 2**20
-# Modules an entry may name: hapc's IR (the graph and whatever facts it carries) and the few
-# plain builtins pickle spells as globals. Anything else in an entry makes it corrupt.
-_ALLOWED_MODULE_PREFIXES = ("hapc.ir.",)
-_ALLOWED_BUILTINS = {("builtins", n) for n in ("slice", "complex", "set", "frozenset", "list", "tuple", "dict")}
 
 
 def default_cache_dir() -> Path:
@@ -95,310 +64,6 @@ def default_cache_dir() -> Path:
         return Path(os.environ[CACHE_DIR_ENV]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "hapc" / "traces"
-
-
-def torch_version() -> str:
-    """The version of the torch ``import torch`` would load, without importing it (seconds):
-    its ``version.py`` (``__version__`` and the git commit it was built from), else its package
-    metadata."""
-    origin = _torch_location()
-    if origin != "none":
-        try:
-            text = (Path(origin).parent / "version.py").read_text()
-            lines = [ln.strip() for ln in text.splitlines() if ln.startswith(("__version__", "git_version"))]
-            if lines:
-                return "; ".join(lines)
-        except OSError:
-            pass
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return "none"
-
-
-def _torch_location() -> str:
-    """Where ``import torch`` would load torch from (a source checkout on ``sys.path`` is
-    another torch than the installed one), found without importing it."""
-    try:
-        spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
-        return "none"
-    return str(spec.origin) if spec is not None and spec.origin else "none"
-
-
-# ---- the key ----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TraceKey:
-    """Everything a lookup can know before tracing; ``digest`` names the entry."""
-
-    material: str          # canonical JSON of the fields below (kept in the entry, for people)
-    digest: str
-
-    @staticmethod
-    def for_model_file(path: str | os.PathLike, overrides: Mapping[str, Any], *,
-                       replicate_blocks: bool = True) -> TraceKey | None:
-        """The key of tracing ``path`` with ``overrides``; None when the file cannot be read
-        (the model-file loader then reports it)."""
-        resolved = Path(path).resolve()
-        try:
-            data = resolved.read_bytes()
-        except OSError:
-            return None
-        fields = {
-            "format": FORMAT,
-            "model_file": str(resolved),
-            "model_sha256": hashlib.sha256(data).hexdigest(),
-            "overrides": sorted([k, type(v).__name__, repr(v)] for k, v in overrides.items()),
-            "trace": {"replicate_blocks": bool(replicate_blocks), "device": "meta, else real tensors"},
-            "torch": [torch_version(), _torch_location()],
-            "python": sys.version,
-            "sys_path": _import_path(),
-            "env": sorted([k, v] for k, v in os.environ.items() if _may_change_export(k)),
-        }
-        material = json.dumps(fields, sort_keys=True, separators=(",", ":"))
-        return TraceKey(material, hashlib.sha256(material.encode()).hexdigest()[:32])
-
-
-def _import_path() -> list[str]:
-    """``sys.path`` as far as it decides which file an ``import`` finds: entries made absolute
-    (``""`` is the working directory), each directory once (a repeat finds nothing its first
-    place did not), and without directories that hold nothing importable. The ``hapc``
-    script puts its ``bin`` directory first where ``python -m hapc.cli`` puts the working
-    directory, which is usually also on ``PYTHONPATH``: both compiles then share one entry.
-    The key is made again at every lookup, so a module later added to a dropped directory
-    changes it."""
-    seen: dict[str, None] = {}
-    for entry in sys.path:
-        where = os.path.abspath(entry or os.curdir)
-        if where not in seen and _may_import_from(where):
-            seen[where] = None
-    return list(seen)
-
-
-def _may_import_from(directory: str) -> bool:
-    """False only for an existing directory with no subdirectory (a package, or a namespace
-    package) and no file a module may be loaded from (``.py``, ``.pyc``, extension modules):
-    a console scripts' ``bin``. Anything else (a zip, a path that does not exist yet) stays."""
-    suffixes = tuple(importlib.machinery.all_suffixes())
-    try:
-        with os.scandir(directory) as entries:
-            return any(e.name.endswith(suffixes) or e.is_dir() for e in entries)
-    except OSError:             # not a directory, or not there (yet)
-        return True
-
-
-def _may_change_export(variable: str) -> bool:
-    """Environment variables torch reads that could change what it exports; not inductor's
-    (export never compiles; importing torch sets ``TORCHINDUCTOR_CACHE_DIR`` itself) nor
-    torchrun's."""
-    return variable.startswith(("TORCH", "PYTORCH")) and not variable.startswith(("TORCHINDUCTOR_", "TORCHELASTIC_"))
-
-
-# ---- the sources a trace read -------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SourceStamp:
-    """One file a trace depended on, as it was. ``sha256`` is empty for installed packages'
-    files (site-packages: hundreds of them, changed only by an install, which also changes
-    their stat), so that writing an entry does not read them all."""
-
-    path: str
-    size: int
-    mtime_ns: int
-    sha256: str
-
-    @staticmethod
-    def of(path: str, *, installed: tuple[str, ...] = ()) -> SourceStamp | None:
-        try:
-            st = os.stat(path)
-            digest = "" if path.startswith(installed) else _file_sha256(path)
-        except OSError:
-            return None
-        return SourceStamp(path, st.st_size, st.st_mtime_ns, digest)
-
-    def changed(self) -> bool:
-        """Whether the file is not what it was: missing, or different in stat and (where it
-        was hashed) in content."""
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return True
-        if st.st_size == self.size and st.st_mtime_ns == self.mtime_ns:
-            return False
-        if st.st_size != self.size or not self.sha256:
-            return True
-        try:
-            return _file_sha256(self.path) != self.sha256
-        except OSError:
-            return True
-
-
-def _file_sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def _stamps(paths: list[str]) -> list[list[Any]]:
-    """The stamps of ``paths`` (missing files left out), as an entry stores them."""
-    installed = tuple(_unlisted_roots()[2])
-    stamps = (SourceStamp.of(p, installed=installed) for p in paths)
-    return [[s.path, s.size, s.mtime_ns, s.sha256] for s in stamps if s is not None]
-
-
-@functools.cache
-def process_start_ns() -> int | None:
-    """When this process started, to within tens of milliseconds and never later than it did
-    (Linux: its start in clock ticks after boot against the uptime, from /proc); None where
-    that cannot be read."""
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            uptime_s = float(f.read().split()[0])
-        age_s = uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
-        return time.time_ns() - int(age_s * 1e9) - 50_000_000      # the tick and the uptime's rounding
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _executed(event: str, args: tuple) -> None:
-    """Audit hook: when each Python file's code last ran (a module's body runs once per load)."""
-    if event == "exec" and args:
-        filename = getattr(args[0], "co_filename", None)
-        if isinstance(filename, str) and filename.endswith(".py"):
-            _EXECUTED_NS[filename] = time.time_ns()
-
-
-_EXECUTED_NS: dict[str, int] = {}
-_IMPORTED_NS = time.time_ns()       # where the process start is unknown: no later than this
-sys.addaudithook(_executed)
-
-
-def _edited_after_loading(paths: list[str]) -> str | None:
-    """The first of ``paths`` (files of modules this process loaded earlier), outside
-    site-packages, that may have been edited since it was loaded: its module may run other
-    code than the file now holds (a notebook that edited a module without reloading it), so
-    a trace made with it must not be stamped with the file as it is now. Safe: a file not
-    modified since its code last ran here (seen by an audit hook from the time this module
-    was imported; before that, since the process started), or whose compiled ``.pyc`` still
-    records its current size and modification time."""
-    started = process_start_ns()
-    since = started if started is not None else _IMPORTED_NS     # no later than the true start
-    installed = tuple(_unlisted_roots()[2])
-    for path in paths:
-        if path.startswith(installed):
-            continue
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue            # not a file (torch.classes says ``_classes.py``): nothing is stamped
-        if st.st_mtime_ns >= _EXECUTED_NS.get(path, since) and not _bytecode_matches(path, st):
-            return path
-    return None
-
-
-def _bytecode_matches(path: str, st: os.stat_result) -> bool:
-    """Whether ``path``'s cached bytecode was compiled from the file as it is now (the header
-    Python checks: source modification time in whole seconds and size)."""
-    try:
-        with open(importlib.util.cache_from_source(path), "rb") as f:
-            header = f.read(16)
-    except (OSError, ValueError, NotImplementedError):
-        return False
-    if len(header) < 16 or int.from_bytes(header[4:8], "little") != 0:      # not a timestamp pyc
-        return False
-    return (int.from_bytes(header[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF and
-            int.from_bytes(header[12:16], "little") == st.st_size & 0xFFFFFFFF)
-
-
-class Recorder:
-    """Collects the files opened for reading while a model is loaded, built and traced.
-
-    Python's audit hooks see every ``open`` (imports included); one hook is installed per
-    process, on first use, and forwards to the recorder that is active, if any.
-    """
-
-    _active: Recorder | None = None
-    _hooked = False
-
-    def __init__(self) -> None:
-        self.opened: set[str] = set()
-        self.preloaded: dict[str, Any] = {}    # the modules loaded before the model file was
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[Recorder]:
-        if not Recorder._hooked:
-            sys.addaudithook(_audit)
-            Recorder._hooked = True
-        outer, Recorder._active = Recorder._active, self
-        self.preloaded = dict(sys.modules)
-        try:
-            yield self
-        finally:
-            Recorder._active = outer
-
-
-def _audit(event: str, args: tuple) -> None:
-    # Called for every audit event of the process (tens of thousands while torch imports):
-    # the common cases return first.
-    if event != "open":
-        return
-    recorder = Recorder._active
-    if recorder is None:
-        return
-    path, mode, flags = (tuple(args) + (None, None, None))[:3]
-    if isinstance(mode, str):
-        reading = not any(c in mode for c in "wax+")
-    else:
-        reading = isinstance(flags, int) and (flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)) == 0
-    if not reading:
-        return
-    if isinstance(path, str) and path.startswith("/") and "/." not in path and "//" not in path:
-        recorder.opened.add(path)              # already what abspath would give
-    elif isinstance(path, (str, bytes, os.PathLike)):
-        with contextlib.suppress(Exception):
-            recorder.opened.add(os.path.abspath(os.fsdecode(path)))
-
-
-def _unlisted_roots() -> tuple[list[str], list[str], list[str]]:
-    """(torch's directory, the standard library's, site-packages'): files in the first two
-    are covered by the key instead of listed, except third-party ones in site-packages
-    where a distribution puts that inside the standard library's directory."""
-    torch_dirs = []
-    torch_mod = sys.modules.get("torch")
-    if torch_mod is not None and getattr(torch_mod, "__file__", None):
-        torch_dirs.append(os.path.dirname(os.path.abspath(torch_mod.__file__)))
-    paths = sysconfig.get_paths()
-
-    def dirs(names: tuple[str, ...]) -> list[str]:
-        return [os.path.join(os.path.abspath(paths[k]), "") for k in names if paths.get(k)]
-
-    return [os.path.join(d, "") for d in torch_dirs], dirs(("stdlib", "platstdlib")), dirs(("purelib", "platlib"))
-
-
-def _listed_sources(opened: set[str]) -> list[str]:
-    """The files an entry is checked against: loaded modules plus ``opened`` regular files."""
-    torch_dirs, stdlib, site = _unlisted_roots()
-    paths: set[str] = set()
-    for module in list(sys.modules.values()):
-        file = getattr(module, "__file__", None)
-        if isinstance(file, str) and file and os.path.isfile(file):
-            paths.add(os.path.abspath(file))
-    for path in opened:
-        if path.endswith(".pyc") or path.startswith(("/proc/", "/sys/", "/dev/")):
-            continue       # compiled copies of listed sources; kernel files
-        if os.path.isfile(path):
-            paths.add(path)
-
-    def listed(p: str) -> bool:
-        if p.startswith(tuple(torch_dirs)):
-            return False
-        return not p.startswith(tuple(stdlib)) or p.startswith(tuple(site))
-
-    return sorted(p for p in paths if listed(p))
 
 
 # ---- entries ------------------------------------------------------------------------------------
@@ -549,17 +214,17 @@ class TraceCache:
         if constants is not None and len(constants[1]) > MAX_CONSTANTS_BYTES:
             self.note(f"not cached: its constant tensors take {len(constants[1]) / 1e6:.0f} MB")
             return None
-        sources = _listed_sources(recorder.opened)
+        sources = listed_sources(recorder.opened)
         loaded_earlier = {os.path.abspath(f) for f in (getattr(m, "__file__", None)
                                                        for name, m in recorder.preloaded.items()
                                                        if sys.modules.get(name) is m) if isinstance(f, str)}
-        stale = _edited_after_loading([p for p in sources if p in loaded_earlier])
+        stale = edited_after_loading([p for p in sources if p in loaded_earlier])
         if stale is not None:
             self.note(f"not cached: {stale} was edited after this process loaded it, so the trace may not "
                       "be what the file now says")
             return None
         entry = {"format": FORMAT, "key": key.material, "graph": traced.graph, "constants": constants,
-                 "sources": _stamps(sources)}
+                 "sources": stamps(sources)}
         try:
             blob = dump_ir(entry)
             if load_ir(blob)["graph"] != traced.graph:
@@ -604,11 +269,11 @@ class TraceCache:
         try:
             entry_data = load_ir(entry.read_bytes())
             listed = {s[0] for s in entry_data["sources"]}
-            new = [p for p in _listed_sources(set()) if p not in listed]
-            stale = _edited_after_loading(new)
+            new = [p for p in listed_sources(set()) if p not in listed]
+            stale = edited_after_loading(new)
             if stale is not None:
                 raise ValueError(f"{stale} was edited after this process loaded it")
-            extra = _stamps(new)
+            extra = stamps(new)
             if extra:
                 entry_data["sources"] = entry_data["sources"] + extra
                 _write_atomic(entry, dump_ir(entry_data))
@@ -632,41 +297,6 @@ def _write_atomic(path: Path, blob: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-class _IRPickler(pickle.Pickler):
-    """Writes the plain container behind a container subclass that reads the same
-    (``torch.fx``'s ``immutable_list`` in exported arguments), so an entry names no torch
-    class; one that reads differently (``torch.Size``) is kept, and the entry refused."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        for base in (list, tuple, dict):
-            if isinstance(obj, base) and type(obj) is not base:
-                plain = base(obj)
-                if repr(plain) == repr(obj):
-                    return base, (plain,)
-        return NotImplemented
-
-
-def dump_ir(obj: Any) -> bytes:
-    """``obj`` (a graph, or an entry holding one) as pickle bytes that name no torch class."""
-    out = io.BytesIO()
-    _IRPickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return out.getvalue()
-
-
-class _IRUnpickler(pickle.Unpickler):
-    """Admits hapc IR classes and plain values only: an entry cannot run code or import torch."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module.startswith(_ALLOWED_MODULE_PREFIXES) or (module, name) in _ALLOWED_BUILTINS:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refers to {module}.{name}")
-
-
-def load_ir(blob: bytes) -> Any:
-    """What :func:`dump_ir` wrote, admitting hapc IR classes and plain values only."""
-    return _IRUnpickler(io.BytesIO(blob)).load()
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,0 +1,348 @@
+"""The second half of every emitted program: what it does when run as a script.
+
+:mod:`hapc.codegen.skeleton` is the first half (the loader, the plan's tables, ``Rank``,
+``Trainer`` and ``build``: what a caller that imports the program uses); this half holds
+``--verify`` against the model on one device, the launch checks, ``--save``/``--load`` and
+``main``. The emitter appends the text after the ``continued`` marker below to the first half,
+so the lines above it (this docstring and the imports) only let the file be linted on its own:
+the program itself imports these names at its top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hapc.codegen.skeleton import (
+    ALLOW_TF32,
+    BUFFERS,
+    C,
+    L,
+    M,
+    MODEL_FILE,
+    NODE_SIZES,
+    PARAMS,
+    PRECISION,
+    WORLD,
+    Trainer,
+    _call_with,
+    _load,
+    autocast,
+    make_optimizer,
+    make_trainer,
+)
+
+# ==== skeleton, continued ====
+
+
+# Verification tolerance: a tensor passes when every element is within ATOL + RTOL * (largest
+# reference magnitude of that tensor). Sharded sums add in another order than one device does,
+# so in float32 errors of a few ulps of the tensor's scale are expected. Under bf16 autocast
+# every product rounds to 8 mantissa bits (2**-9 relative) on both sides and the partial sums
+# of shards round separately, so a few percent of the scale is the bf16 counterpart; a wrong
+# program is off by the scale itself.
+VERIFY_RTOL, VERIFY_ATOL = 1e-4, 1e-6
+VERIFY_BF16_RTOL, VERIFY_BF16_ATOL = 5e-2, 1e-4
+
+
+def verify_tolerance() -> tuple[float, float]:
+    """(rtol, atol) for this program's precision."""
+    return (VERIFY_BF16_RTOL, VERIFY_BF16_ATOL) if PRECISION == "bf16" else (VERIFY_RTOL, VERIFY_ATOL)
+
+
+@contextlib.contextmanager
+def _program_dropout_masks(step_seed: int, ran: Sequence[tuple[str, str]]):
+    """While the single-device reference runs, ``F.dropout`` (what ``nn.Dropout`` calls) drops
+    what the program dropped: the k-th call uses the mask of the k-th dropout node the program
+    ran (``ran``: Rank.ran of the step seeded ``step_seed``). Without this the two sides draw
+    different masks and a model with dropout could never verify."""
+    nodes = iter([n for op, n in ran if op == "aten.dropout.default"])
+    original = torch.nn.functional.dropout
+
+    def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+        node = next(nodes, None)
+        if node is None or not training or p == 0.0 or p >= 1.0:
+            return original(x, p, training, inplace)
+        if WORLD == 1:                               # the program ran torch's kernel under this seed
+            with L.seeded_rng(node, step_seed, x.device):
+                return original(x, p, training, inplace)
+        keep = L.dropout_keep(node, step_seed, x.shape, p, device=x.device).to(x.dtype)
+        return x * keep / (1.0 - p)
+
+    # Attention dropout likewise: the k-th scaled_dot_product_attention call with dropout_p > 0
+    # replays the k-th attention node's mask (several ranks: the shared counter-based mask on
+    # attention written out; one rank: torch's kernel under the node's seed).
+    attention_nodes = iter([n for op, n in ran if op == "aten.scaled_dot_product_attention.default"])
+    original_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        node = next(attention_nodes, None) if dropout_p > 0.0 else None
+        if node is None:
+            return original_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        if WORLD == 1:
+            with L.seeded_rng(node, step_seed, q.device):
+                return original_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        keep = L.dropout_keep(node, step_seed, (*q.shape[:-1], k.shape[-2]), dropout_p, device=q.device)
+        return L.attention_with_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, keep)
+
+    torch.nn.functional.dropout = dropout
+    torch.nn.functional.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        torch.nn.functional.dropout = original
+        torch.nn.functional.scaled_dot_product_attention = original_sdpa
+
+
+def verify(trainer: Trainer, loss: torch.Tensor, batch: Sequence[torch.Tensor]) -> bool:
+    """Compare the first step's loss and gradients with the user's module on one device."""
+    grads = trainer.full_grads()                         # collective: every rank takes part
+    verdict = torch.zeros(2, dtype=torch.float64, device=trainer.device)   # NCCL wants it on the GPU
+    if trainer.rank == 0:
+        ref = trainer.module.to(trainer.device)
+        ref.zero_grad(set_to_none=True)
+        with _program_dropout_masks(trainer.seed, trainer.rt.ran), autocast(trainer.device):
+            ref_loss = ref(*[x.to(trainer.device) for x in batch])
+        ref_loss.backward()
+        checks = [("loss", loss.reshape(()), ref_loss.detach().reshape(()))]
+        for target, g in grads.items():
+            p = ref.get_parameter(target)
+            checks.append((f"gradient of {target}", g, p.grad if p.grad is not None else torch.zeros_like(p)))
+        worst, failed = 0.0, None
+        rtol, atol = verify_tolerance()
+        against = "one device under the same bf16 autocast" if PRECISION == "bf16" else "one device in float32"
+        print(f"verify tolerance: {PRECISION} ({against}), "
+              f"atol {atol:g} + rtol {rtol:g} x each tensor's largest magnitude", flush=True)
+        for what, got, want in checks:
+            err = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0
+            scale = want.abs().max().item() if want.numel() else 0.0
+            worst = max(worst, err)
+            if failed is None and not err <= atol + rtol * scale:
+                failed = what
+        verdict[0], verdict[1] = float(failed is None), worst
+        if failed is None:
+            print(f"verify: ok max_abs_err={worst:.3e}", flush=True)
+        else:
+            print(f"verify: FAILED {failed} max_abs_err={worst:.3e}", flush=True)
+    if WORLD > 1:
+        dist.broadcast(verdict, src=0)
+    return bool(verdict[0].item())
+
+
+# ---- launching across nodes (issue 12) ----------------------------------------------------------
+
+def launch_lines(program: str = sys.argv[0]) -> list[str]:
+    """The torchrun lines for this plan's cluster: one per node, in the cluster file's order
+    (torchrun numbers ranks node by node, so each rank lands on the device the plan gave it)."""
+    if len(NODE_SIZES) == 1:
+        return [f"torchrun --nproc_per_node={WORLD} {program}"]
+    return [f"torchrun --nnodes={len(NODE_SIZES)} --node_rank={i} --nproc_per_node={k} "
+            f"--master_addr=NODE0_ADDRESS --master_port=29500 {program}   # on node {i}"
+            for i, k in enumerate(NODE_SIZES)]
+
+
+def node_mismatch(env: dict[str, str] | None = None) -> str | None:
+    """Under a multi-node torchrun launch, a one-line reason when this rank is not on the node
+    the plan put it on (another node count, or another number of ranks on this node); None if
+    it is. One launcher running every rank (the cluster emulated on one host) is accepted."""
+    env = dict(os.environ if env is None else env)
+    nodes = int(env.get("GROUP_WORLD_SIZE", "1"))
+    if nodes <= 1:
+        return None
+    if nodes != len(NODE_SIZES):
+        return (f"launched on {nodes} nodes but the plan's cluster has {len(NODE_SIZES)} "
+                f"(ranks per node {list(NODE_SIZES)}): {launch_lines()[0]} ...")
+    rank, node, local = int(env["RANK"]), int(env.get("GROUP_RANK", "0")), int(env.get("LOCAL_WORLD_SIZE", "0"))
+    first = 0
+    for want, size in enumerate(NODE_SIZES):
+        if rank < first + size:
+            break
+        first += size
+    if node != want or local != NODE_SIZES[node]:
+        return (f"rank {rank} runs on node {node} with {local} ranks there, but the plan puts it on node {want} "
+                f"with {NODE_SIZES[want]}: launch node i with --node_rank=i --nproc_per_node=<its device count>")
+    return None
+
+
+# ---- checkpoints (hapc_checkpoint.py): save under this plan, load under any -----------------
+
+def _checkpoints():
+    """hapc_checkpoint.py, loaded on first use (it imports torch.distributed.checkpoint)."""
+    return _load("hapc_checkpoint", "hapc_checkpoint.py")
+
+
+def checkpoint_tensors(trainer: Trainer) -> dict[str, Any]:
+    """Every parameter and buffer this rank holds, by module attribute, with where its piece
+    sits in the whole tensor (SHARDS), so a checkpoint can be loaded under another plan."""
+    K = _checkpoints()
+    out = {}
+    for name, target in (*PARAMS.items(), *BUFFERS.items()):
+        local, info = trainer.sources[name], trainer.rt.piece_info(name)
+        offsets, shape = [0] * local.dim(), list(local.shape)
+        if info is not None:
+            offsets[info.dim], shape[info.dim] = info.offset, info.global_length
+        out[target] = K.Held(local, tuple(offsets), tuple(shape))
+    return out
+
+
+def save_checkpoint(directory: str, trainer: Trainer, optimizer: torch.optim.Optimizer,
+                    data_position: int) -> Path:
+    """Save parameters, buffers, optimizer state, step and data position (every rank calls it)."""
+    K = _checkpoints()
+    return K.save(directory, checkpoint_tensors(trainer), trainer.module, optimizer, trainer.params,
+                  K.Progress(trainer.steps_done, data_position), model_file=MODEL_FILE,
+                  model_kwargs=trainer.kwargs, world=WORLD)
+
+
+def load_checkpoint(directory: str, trainer: Trainer, optimizer: torch.optim.Optimizer) -> int:
+    """Load a checkpoint saved by any plan of this model; returns the data position."""
+    K = _checkpoints()
+    progress = K.load(directory, checkpoint_tensors(trainer), trainer.module, optimizer, trainer.params)
+    trainer.steps_done = progress.step        # dropout masks and step numbers continue
+    return progress.data_position
+
+
+def report_peak_memory(rank: int, device: torch.device) -> None:
+    """On GPUs, rank 0 prints every rank's torch.cuda.max_memory_allocated (bytes, in rank
+    order), to hold against the plan's predicted peak: a memory model that under-predicts
+    turns a plan that "fits" into an out-of-memory crash."""
+    if device.type != "cuda":
+        return
+    mine = torch.tensor([float(torch.cuda.max_memory_allocated(device))], device=device)
+    every = [torch.zeros_like(mine) for _ in range(WORLD)]
+    dist.all_gather(every, mine)
+    if rank == 0:
+        print("peak memory bytes per rank: " + " ".join(str(int(x.item())) for x in every), flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3, help="training steps to run (default 3)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu (gloo) or cuda (NCCL, one GPU per local rank)")
+    parser.add_argument("--verify", action="store_true",
+                        help="compare the first step's loss and gradients with one device")
+    parser.add_argument("--save", metavar="DIR", default=None,
+                        help="save a checkpoint to DIR/step-N at the end (and every --save-every steps)")
+    parser.add_argument("--save-every", type=int, default=0, metavar="N", help="also save every N steps")
+    parser.add_argument("--load", metavar="DIR", default=None,
+                        help="resume from a checkpoint (DIR/latest or a step directory), saved by any plan")
+    parser.add_argument("--timings", action="store_true",
+                        help="print each rank's compute, communication and idle seconds per step")
+    parser.add_argument("--tf32", choices=("on", "off"), default="on" if ALLOW_TF32 else "off",
+                        help="float32 products on TF32 units (CUDA; default from the plan's cluster file: "
+                             f"{'on' if ALLOW_TF32 else 'off'})")
+    args = parser.parse_args(argv)
+    if args.load and args.verify:
+        parser.error("--verify compares with the initial weights; it cannot follow --load")
+    if "STAGES" in globals() and (args.save or args.load):
+        parser.error("--save/--load: checkpoints of pipelined programs are not supported yet")
+    if args.verify and globals().get("PIPELINE_DROPOUT"):
+        parser.error("--verify: this pipelined program's model uses dropout, whose masks per micro-batch the "
+                     "one-device reference cannot replay; verify with dropout 0")
+
+    if "WORLD_SIZE" not in os.environ and WORLD == 1:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", "29517"))
+    world = os.environ.get("WORLD_SIZE")
+    if world is None or int(world) != WORLD:
+        print(f"this program runs on {WORLD} ranks: {' ; '.join(launch_lines())} "
+              f"(WORLD_SIZE is {world or 'not set'})", file=sys.stderr)
+        return 2
+    problem = node_mismatch()
+    if problem is not None:
+        print(f"this program's launch does not match its plan: {problem}", file=sys.stderr)
+        return 2
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", torch.cuda.current_device())
+        # The plan priced float32 products at the TF32 peak exactly when ALLOW_TF32; --verify's
+        # reference runs in this process, so it computes with the same setting.
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32 == "on"
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        C.keep_freed_memory()     # large CPU tensors reuse freed memory instead of faulting pages in
+        dist.init_process_group("gloo")
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    try:
+        trainer = make_trainer(device)
+        optimizer = make_optimizer(list(trainer.params.values()))
+        batch = tuple(_call_with(M.inputs, trainer.kwargs))
+        ok, times = True, []
+        first = 0
+        if args.load:
+            try:
+                first = load_checkpoint(args.load, trainer, optimizer)
+            except _checkpoints().CheckpointError as exc:
+                if trainer.rank == 0:
+                    print(f"program.py: --load: {exc}", file=sys.stderr, flush=True)
+                return 2
+            if trainer.rank == 0:
+                print(f"resumed from {args.load} at step {first}", flush=True)
+        clock = _load("hapc_timings", "hapc_timings.py").StepClock() if args.timings else None
+        if clock is not None:
+            clock.install()
+        for i in range(first, first + args.steps):
+            synchronize()
+            if clock is not None:
+                clock.start()
+            start = time.perf_counter()
+            loss = trainer.step(batch)
+            synchronize()
+            seconds = time.perf_counter() - start
+            if args.verify and i == first:
+                ok = verify(trainer, loss, batch)
+            synchronize()
+            start = time.perf_counter()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            synchronize()
+            seconds += time.perf_counter() - start
+            times.append(seconds)
+            if trainer.rank == 0:
+                print(f"step {i + 1} loss {loss.item():.6f} time {seconds:.6f}", flush=True)
+            if clock is not None:
+                for line in _load("hapc_timings", "hapc_timings.py").report(i + 1, *clock.stop(), device):
+                    print(line, flush=True)
+            if args.save and (i + 1 == first + args.steps or (args.save_every and (i + 1) % args.save_every == 0)):
+                saved = save_checkpoint(args.save, trainer, optimizer, data_position=i + 1)
+                if trainer.rank == 0:
+                    print(f"saved {saved}", flush=True)
+        if clock is not None:
+            clock.uninstall()                     # main() may run inside a longer-lived process
+        if trainer.rank == 0 and len(times) > 1:
+            print(f"median step time {statistics.median(times[1:]):.6f} s over steps "
+                  f"{first + 2}..{first + len(times)}", flush=True)
+        report_peak_memory(trainer.rank, device)
+        if WORLD > 1:
+            # No rank tears its connections down while a peer may still be finishing the last
+            # step's collectives: gloo aborts a process whose socket closes under a pending op.
+            dist.barrier()
+        return 0 if ok else 1
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    status = main()
+    # No interpreter finalisation: gloo's worker may still be freeing the last barrier's work,
+    # which takes the GIL; during finalisation that thread is force-exited and C++ aborts the
+    # rank (SIGABRT in ~1 of 18 runs, after training). main() closed its files; flush the rest.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -1,0 +1,29 @@
+"""The shape of the tree that ARCHITECTURE.md promises: a thin hapc/ top level (the rest lives
+in packages by floor), no source file over 600 lines, and a command line of one module per
+command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_LINES = 600
+
+
+def test_hapc_top_level_holds_at_most_six_modules():
+    modules = sorted(p.name for p in (ROOT / "hapc").glob("*.py") if p.name != "__init__.py")
+    assert len(modules) <= 6, f"hapc/ top level: {modules}; put new modules in the package of their floor"
+
+
+def test_no_source_file_is_over_600_lines():
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for package in ("hapc", "synth", "costmodel", "profiler")
+            for p in sorted((ROOT / package).rglob("*.py")) if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    assert not long, "split along a seam, or tighten:\n" + "\n".join(long)
+
+
+def test_each_command_has_its_own_module():
+    from hapc.cli import COMMANDS, build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    assert list(sub.choices) == [c.__name__.rsplit(".", 1)[1].replace("_", "-") for c in COMMANDS]
