@@ -4,7 +4,7 @@ the same content as Markdown (for a README, an issue, or ``IPython.display.Markd
 
 Both give: the predicted time per iteration against the lower bound, the speed-up over each
 standard baseline, a row per device (type, share, compute / communication / idle time, peak
-memory against capacity) and the per-device chart of :mod:`hapc.report.summary`, inline as a base64
+memory against capacity) and the per-device chart (:mod:`hapc.report.model`, drawn by :mod:`hapc.report.summary`), inline as a base64
 PNG so that the page needs no file beside it. matplotlib stays the only plotting dependency;
 without it the chart is left out.
 """
@@ -13,39 +13,12 @@ from __future__ import annotations
 
 import base64
 import html
-from pathlib import Path
 from typing import TYPE_CHECKING
+
+from hapc.report.model import facts
 
 if TYPE_CHECKING:
     from hapc.plan.plan import Plan
-
-MS = 1e3
-GB = 1e9
-
-
-def facts(plan: Plan) -> dict:
-    """What both renderings show, as plain numbers (milliseconds, gigabytes)."""
-    sim = plan.sim
-    devices = []
-    totals, fits = sim.memory.totals, sim.memory.fits        # once, not once per device
-    for rank, dev in enumerate(plan.cluster.devices):
-        used, capacity = totals[rank], dev.memory_bytes
-        devices.append({
-            "rank": rank, "node": dev.node, "device": dev.type, "share": plan.ratios[rank],
-            "compute_ms": sim.compute_seconds[rank] * MS, "comm_ms": sim.comm_seconds[rank] * MS,
-            "idle_ms": sim.idle_seconds[rank] * MS, "memory_GB": used / GB, "capacity_GB": capacity / GB,
-            "memory_used": used / capacity if capacity else float("nan"), "fits": fits[rank],
-        })
-    model = Path(str(plan.model.get("file") or "model")).name
-    return {
-        "title": f"hapc plan '{plan.name}' for {model} on {plan.cluster.name or 'cluster'} "
-                 f"({plan.cluster.world} devices)",
-        "iteration_ms": plan.cost * MS, "lower_bound_ms": plan.lower_bound * MS,
-        "gap": plan.cost / plan.lower_bound if plan.lower_bound > 0 else None,
-        "baselines": [(name, seconds * MS, seconds / plan.cost if plan.cost > 0 else float("nan"))
-                      for name, seconds in sorted(plan.baselines.items())],
-        "devices": devices, "fits": all(d["fits"] for d in devices),
-    }
 
 
 def _chart_data_uri(plan: Plan) -> str | None:

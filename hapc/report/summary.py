@@ -11,26 +11,25 @@ if TYPE_CHECKING:
 
 
 def summary_text(plan: Plan) -> str:
-    sim = plan.sim
-    ms = 1e3
-    model = plan.model.get("file", "model")
+    from hapc.report.model import facts
+
+    f = facts(plan)
     lines = [
-        f"hapc plan '{plan.name}' for {Path(str(model)).name} on {plan.cluster.name or 'cluster'} "
-        f"({plan.cluster.world} devices)",
-        f"predicted time per iteration: {plan.cost * ms:.3f} ms  "
-        f"(lower bound {plan.lower_bound * ms:.3f} ms; {plan.cost / plan.lower_bound:.2f}x of it)"
-        if plan.lower_bound > 0 else f"predicted time per iteration: {plan.cost * ms:.3f} ms",
+        f["title"],
+        f"predicted time per iteration: {f['iteration_ms']:.3f} ms  "
+        f"(lower bound {f['lower_bound_ms']:.3f} ms; {f['gap']:.2f}x of it)"
+        if f["gap"] is not None else f"predicted time per iteration: {f['iteration_ms']:.3f} ms",
     ]
     lines.append(f"precision: {plan.precision.describe()}")
     lines.append(_measured_line(plan))
-    if plan.baselines:
-        parts = [f"{k} {v * ms:.3f} ms ({v / plan.cost:.2f}x)" for k, v in sorted(plan.baselines.items())]
+    if f["baselines"]:
+        parts = [f"{name} {ms:.3f} ms ({speedup:.2f}x)" for name, ms, speedup in f["baselines"]]
         lines.append("baselines (speed-up of this plan): " + ", ".join(parts))
     from hapc.report.pipeline import pipeline_lines
 
     if plan.pipeline is not None:
         lines.append("the best one-stage plan over all devices, for comparison:")
-    lines.append(sim.table())
+    lines.append(plan.sim.table())
     lines += pipeline_lines(plan)
     if plan.search and "segments" in plan.search:      # a baseline, or a replan that kept one, has none
         s = plan.search
@@ -104,34 +103,19 @@ def _chart(plan: Plan, path: Path | BinaryIO) -> bool:
         from matplotlib.figure import Figure
     except ImportError:
         return False
-    sim = plan.sim
-    ranks = list(range(plan.cluster.world))
-    labels = [f"{r}:{d.type}" for r, d in zip(ranks, plan.cluster.devices)]
-    if plan.pipeline is not None:      # name each device's pipeline stage; memory is the stage's
-        stage_of = {r: k for k, st in enumerate(plan.pipeline.stages) for r in st.ranks}
-        labels = [f"{label} stage {stage_of[r]}" if r in stage_of else f"{label} idle"
-                  for r, label in zip(ranks, labels)]
-    ms = [x * 1e3 for x in sim.compute_seconds]
-    cm = [x * 1e3 for x in sim.comm_seconds]
-    idle = [x * 1e3 for x in sim.idle_seconds]
-    if plan.pipeline is not None:
-        from hapc.report.pipeline import stage_time_split
+    from hapc.report.model import chart
 
-        ms, cm, idle = stage_time_split(plan)
-    memory = [b / 1e9 for b in plan.memory]
-    capacity = [d.memory_bytes / 1e9 for d in plan.cluster.devices]
-    if len(ranks) > BARS_BEFORE_GROUPING:     # one bar per run of ranks with equal figures
-        firsts, labels = rank_runs(labels, ms, cm, idle, memory, capacity)
-        ms, cm, idle, memory, capacity = ([xs[r] for r in firsts] for xs in (ms, cm, idle, memory, capacity))
+    c = chart(plan)
+    labels = c.labels
+    (ms, cm, idle), memory, capacity = c.series, c.memory_gb, c.capacity_gb
     ranks = list(range(len(ms)))
     fig = Figure(figsize=(max(8, 0.5 * len(ranks) + 4), 4))
     ax_t, ax_m = fig.subplots(1, 2)
-    ax_t.bar(ranks, ms, label="compute" if plan.pipeline is None else "stage work (all micro-batches)")
-    ax_t.bar(ranks, cm, bottom=ms, label="communication" if plan.pipeline is None else "gradient sync + optimizer")
-    ax_t.bar(ranks, idle, bottom=[a + b for a, b in zip(ms, cm)],
-             label="idle" if plan.pipeline is None else "idle (bubble)")
+    ax_t.bar(ranks, ms, label=c.names[0])
+    ax_t.bar(ranks, cm, bottom=ms, label=c.names[1])
+    ax_t.bar(ranks, idle, bottom=[a + b for a, b in zip(ms, cm)], label=c.names[2])
     ax_t.set_ylabel("ms per iteration")
-    ax_t.set_title("time per device" if plan.pipeline is None else "time per device by pipeline stage")
+    ax_t.set_title(c.title)
     ax_t.legend(fontsize=8)
     ax_m.bar(ranks, memory, label="predicted peak")
     ax_m.plot(ranks, capacity, "r_", markersize=20, label="capacity")
@@ -144,19 +128,3 @@ def _chart(plan: Plan, path: Path | BinaryIO) -> bool:
     fig.tight_layout()
     fig.savefig(path, dpi=100, format="png")
     return True
-
-
-# Up to this many devices the chart has one bar per rank; beyond, one per run of consecutive
-# ranks with the same device and the same figures (256 bars took longer to draw than the plan
-# took to find, and no one reads them).
-BARS_BEFORE_GROUPING = 32
-
-
-def rank_runs(labels: list[str], *per_rank: list[float]) -> tuple[list[int], list[str]]:
-    """First rank and label of each run of consecutive ranks whose device type and figures
-    are all equal: ``"0-127:A100-80GB"``."""
-    key = [(label.split(":", 1)[1], *(xs[r] for xs in per_rank)) for r, label in enumerate(labels)]
-    firsts = [r for r in range(len(key)) if r == 0 or key[r] != key[r - 1]]
-    ends = [*firsts[1:], len(key)]
-    out = [labels[a] if b - a == 1 else f"{a}-{b - 1}:{labels[a].split(':', 1)[1]}" for a, b in zip(firsts, ends)]
-    return firsts, out

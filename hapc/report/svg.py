@@ -36,31 +36,12 @@ def write_svg_chart(plan: Plan, path: str | Path) -> Path:
 
 
 def svg_chart(plan: Plan) -> str:
-    from hapc.report.summary import BARS_BEFORE_GROUPING, rank_runs
+    from hapc.report.model import chart
 
-    ranks = list(range(plan.cluster.world))
-    labels = [f"{r}:{d.type}" for r, d in zip(ranks, plan.cluster.devices)]
-    sim = plan.sim
-    series = [[x * 1e3 for x in sim.compute_seconds], [x * 1e3 for x in sim.comm_seconds],
-              [x * 1e3 for x in sim.idle_seconds]]
-    names = ["compute", "communication", "idle"]
-    title = "time per device"
-    if plan.pipeline is not None:      # name each device's pipeline stage; memory is the stage's
-        from hapc.report.pipeline import stage_time_split
-
-        stage_of = {r: k for k, st in enumerate(plan.pipeline.stages) for r in st.ranks}
-        labels = [f"{label} stage {stage_of[r]}" if r in stage_of else f"{label} idle"
-                  for r, label in zip(ranks, labels)]
-        series = [list(s) for s in stage_time_split(plan)]
-        names = ["stage work (all micro-batches)", "gradient sync + optimizer", "idle (bubble)"]
-        title = "time per device by pipeline stage"
-    memory_gb = [b / 1e9 for b in plan.memory]
-    capacity_gb = [d.memory_bytes / 1e9 for d in plan.cluster.devices]
-    if len(ranks) > BARS_BEFORE_GROUPING:     # one bar per run of alike ranks (256 bars say less)
-        firsts, labels = rank_runs(labels, *series, memory_gb, capacity_gb)
-        series = [[s[r] for r in firsts] for s in series]
-        memory_gb, capacity_gb = [memory_gb[r] for r in firsts], [capacity_gb[r] for r in firsts]
-        ranks = list(range(len(firsts)))
+    c = chart(plan)
+    labels, series, names, title = c.labels, c.series, c.names, c.title
+    memory_gb, capacity_gb = c.memory_gb, c.capacity_gb
+    ranks = list(range(len(labels)))
 
     bar_px = 28
     panel_w = max(300, bar_px * len(ranks) + 40)

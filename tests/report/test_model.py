@@ -1,0 +1,58 @@
+"""The report model (hapc.report.model): every view reads its figures from one place, and the
+chart groups alike ranks on large clusters."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import hapc
+from hapc.report.model import BARS_BEFORE_GROUPING, chart, facts, rank_runs
+from hapc.report.summary import summary_text
+
+
+class Loss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(12, 20), nn.ReLU(), nn.Linear(20, 4))
+
+    def forward(self, x, y):
+        return nn.functional.cross_entropy(self.net(x), y)
+
+
+def _plan(counts: tuple[int, int]):
+    cluster = {"name": "two-kinds", "nodes": [{"devices": [
+        {"name": "fast", "tflops": 2.0, "memory_GB": 8, "hbm_GBps": 20, "count": counts[0]},
+        {"name": "slow", "tflops": 1.0, "memory_GB": 8, "hbm_GBps": 20, "count": counts[1]}],
+        "intra_link": "loopback"}]}
+    torch.manual_seed(0)
+    return hapc.baseline(Loss(), (torch.randn(80, 12), torch.randint(0, 4, (80,))), cluster, "dp-flops")
+
+
+def test_the_summary_shows_the_models_figures():
+    plan = _plan((2, 1))
+    f, text = facts(plan), summary_text(plan)
+    assert text.splitlines()[0] == f["title"]
+    assert f"{f['iteration_ms']:.3f} ms" in text.splitlines()[1]
+    assert [d["device"] for d in f["devices"]] == [d.type for d in plan.cluster.devices]
+
+
+def test_a_chart_has_a_bar_per_rank_on_small_clusters():
+    plan = _plan((2, 1))
+    c = chart(plan)
+    assert len(c.labels) == 3 and all(len(s) == 3 for s in c.series)
+    assert c.names == ["compute", "communication", "idle"]
+    assert c.series[0] == [x * 1e3 for x in plan.sim.compute_seconds]
+
+
+def test_a_chart_groups_alike_ranks_on_large_clusters():
+    plan = _plan((24, 24))
+    assert plan.cluster.world > BARS_BEFORE_GROUPING
+    c = chart(plan)
+    assert len(c.labels) < plan.cluster.world
+    assert c.labels[0].startswith("0-") and all(len(s) == len(c.labels) for s in (*c.series, c.memory_gb))
+
+
+def test_rank_runs_split_where_the_device_or_a_figure_changes():
+    labels = ["0:A", "1:A", "2:A", "3:B"]
+    assert rank_runs(labels, [1.0, 1.0, 2.0, 2.0]) == ([0, 2, 3], ["0-1:A", "2:A", "3:B"])
