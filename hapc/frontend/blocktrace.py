@@ -313,6 +313,12 @@ def _plain(val: Any) -> Any:
     if isinstance(val, dict):
         items = [(k, _plain(v)) for k, v in val.items()]
         return _NOT_PLAIN if any(i is _NOT_PLAIN for _, i in items) else (dict, tuple(items))
+    if isinstance(val, nn.Module) and not (val._parameters or val._buffers or val._modules):
+        # A stateless module kept outside the module tree, one per block (transformers 5 keeps a
+        # function wrapped as a Module in a dict of kernels on each attention): alike blocks
+        # hold one of the same class with the same plain attributes.
+        own = _signature(val)
+        return _NOT_PLAIN if own is None else ("stateless module", type(val), own)
     if callable(val) and not isinstance(val, nn.Module) and hasattr(val, "__qualname__"):
         return ("callable", id(val))     # a function chosen in __init__ (an activation)
     if isinstance(val, torch.Tensor):

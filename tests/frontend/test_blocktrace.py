@@ -269,3 +269,36 @@ def test_beside_another_thread_both_short_traces_run_here(monkeypatch):
         other.join()
     assert replicated
     _same_ir(full, fast)
+
+
+class _Activation(nn.Module):
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) * self.scale
+
+
+class _KernelBlock(nn.Module):
+    """A block that keeps a stateless module of its own in a plain dict, outside the module
+    tree (as transformers 5 keeps its attention kernels)."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.kernels = {"act": _Activation(scale)}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernels["act"](self.lin(x))
+
+
+def test_blocks_holding_alike_stateless_modules_are_interchangeable():
+    count = blocktrace.MIN_BLOCKS + 1
+    found = blocktrace.find_repeated_blocks(nn.Sequential(*[_KernelBlock() for _ in range(count)]))
+    assert found is not None and found.count == count and found.index_attributes == ()
+
+
+def test_blocks_whose_stateless_modules_differ_are_not():
+    count = blocktrace.MIN_BLOCKS + 1
+    assert blocktrace.find_repeated_blocks(nn.Sequential(*[_KernelBlock(1.0 + i) for i in range(count)])) is None
