@@ -39,6 +39,10 @@ DEFAULT_LAUNCH_LATENCY_US = 5.0    # one kernel launch (CUDA); a cluster file ma
 _TOP_KEYS = ("name", "nodes", "network", "efficiency", "allow_tf32", "launch_latency_us", "launch_latency_s",
              "comm_overlap", "measured_ops")
 _NODE_KEYS = ("count", "devices", "intra_link", "name")
+# The most devices a cluster file may describe: checked before any is built, so that a typo
+# (count: 1000000000) is one line, not minutes of allocation. Far above the clusters the planner
+# is meant for (the largest training runs use tens of thousands of GPUs).
+MAX_DEVICES = 1 << 17
 _DEVICE_KEYS = ("type", "count", "name", "tflops", "peak_flops", "memory_GB", "memory_bytes", "hbm_GBps",
                 "hbm_Bps")
 _LINK_KEYS = ("type", "name", "bandwidth_GBps", "bandwidth_Gbps", "bandwidth_Bps", "latency_us", "latency_s",
@@ -99,8 +103,8 @@ def parse_cluster(data: Any, file: str = "<cluster dict>") -> Cluster:
     if not isinstance(nodes_data, list):
         raise ctx.fail("nodes", f"expected a list of nodes, got {type(nodes_data).__name__}")
 
-    devices: list[Device] = []
-    hosts: list[Host] = []
+    shapes = []          # (how many such nodes, their device kinds, their link), read before any is built
+    total = 0
     for i, nd in enumerate(nodes_data):
         path = f"nodes[{i}]"
         if not isinstance(nd, Mapping):
@@ -114,12 +118,22 @@ def parse_cluster(data: Any, file: str = "<cluster dict>") -> Cluster:
             raise ctx.fail(f"{path}.devices", f"expected a list of device groups, got {type(groups).__name__}")
         kinds = [_device_group(ctx, f"{path}.devices[{j}]", g) for j, g in enumerate(groups)]
         per_node = sum(n for _, n in kinds)
+        total += repeat * per_node
+        if total > MAX_DEVICES:
+            raise ctx.fail(f"{path}.count" if repeat > 1 else f"{path}.devices",
+                           f"{repeat} node(s) of {per_node} devices bring the cluster to {total} devices; "
+                           f"hapc plans clusters of at most {MAX_DEVICES}")
         intra = None
         if "intra_link" in nd and nd["intra_link"] is not None:
             intra = _link(ctx, f"{path}.intra_link", nd["intra_link"])
         elif per_node > 1:
             raise ctx.fail(f"{path}.intra_link", f"missing; a node with {per_node} devices needs the link "
                            "between them: a name (nvlink3, pcie4, ...) or {bandwidth_GBps: .., latency_us: ..}")
+        shapes.append((repeat, kinds, intra))
+
+    devices: list[Device] = []
+    hosts: list[Host] = []
+    for repeat, kinds, intra in shapes:
         for _ in range(repeat):
             node_index = len(hosts)
             ranks = []

@@ -74,6 +74,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 _ALIASES = {"padded": "ring", "padded_ring": "ring", "padded_tree": "tree", "flat": "ring",
             "grouped_broadcast": "grouped", "grouped_reduce": "grouped", "split": "all_to_all",
             "all_to_all_single": "all_to_all", "bruck": "tree"}
+# Every name a plan may give a layout change's method.
+METHOD_NAMES = frozenset({"auto", *_ALIASES, *(v for names in VARIANTS.values() for v in names)})
 
 
 def collective_seconds(kind: str, piece_bytes: Sequence[float], cluster: Cluster,

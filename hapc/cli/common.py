@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from hapc.errors import UserError
 
@@ -42,3 +44,20 @@ def check_precision(name: str) -> None:
         check(name)
     except ValueError as exc:
         raise UserError(str(exc), where="--precision") from None
+
+
+@contextlib.contextmanager
+def output_folder(path: str) -> Iterator[Path]:
+    """The command's output folder, made if missing. Writing into it may fail (a full disk, no
+    permission): that is one line naming the folder, and a folder this command made is removed
+    again, so no half-written plan is left for a later run to pick up."""
+    out = Path(path)
+    made = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        yield out
+    except OSError as exc:
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        reason = exc.strerror or type(exc).__name__
+        raise UserError(f"cannot write the output ({reason}: {exc.filename or out})", where=str(out)) from None

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from hapc.cli.common import SET_HELP, check_precision, progress, transient
+from hapc.cli.common import SET_HELP, check_precision, output_folder, progress, transient
 from hapc.errors import UserError
 
 
@@ -90,15 +90,13 @@ def _plan_and_write(args: argparse.Namespace, from_file, cluster, overrides: dic
                       model_file=str(Path(args.model).resolve()), model_kwargs=overrides, progress=say,
                       precision=args.precision, stages=_stages(args.stages), microbatches=args.microbatches,
                       schedule=args.schedule, backend=_lp_backend())
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    plan.save(out / "plan.json")
-    _write_replan_cache(plan, out)
-    write_report(plan, out)
-    wrote = ["plan.json", "report.md"]
-    if not args.no_emit:
-        plan.emit(out, constants=traced.constants)
-        wrote.append("program.py")
+    wrote = ["plan.json", "report.md"] + ([] if args.no_emit else ["program.py"])
+    with output_folder(args.output) as out:
+        plan.save(out / "plan.json")
+        _write_replan_cache(plan, out)
+        write_report(plan, out)
+        if not args.no_emit:
+            plan.emit(out, constants=traced.constants)
     print(plan.summary())
     print(f"wrote {', '.join(str(out / w) for w in wrote)} in {time.perf_counter() - started:.1f} s")
     if not args.no_emit:

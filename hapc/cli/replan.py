@@ -9,7 +9,7 @@ import functools
 import time
 from pathlib import Path
 
-from hapc.cli.common import progress
+from hapc.cli.common import output_folder, progress
 from hapc.errors import UserError
 
 
@@ -91,15 +91,13 @@ def _replan(args: argparse.Namespace) -> int:
     effort = "quick" if args.quick else "search" if args.search else "full" if args.full else "auto"
     done = replan(old, cluster, survivors=survivors, effort=effort, progress=say,
                   while_searching=functools.partial(_prepare_writing, old.graph, emit=not args.no_emit))
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    done.plan.save(out / "plan.json")
-    replan_cache.carry(cache, done.plan.graph, done.effort != "quick", out)   # quick: derived none
-    write_report(done.plan, out)
-    wrote = ["plan.json", "report.md"]
-    if not args.no_emit:
-        done.plan.emit(out)
-        wrote.append("program.py")
+    wrote = ["plan.json", "report.md"] + ([] if args.no_emit else ["program.py"])
+    with output_folder(args.output) as out:
+        done.plan.save(out / "plan.json")
+        replan_cache.carry(cache, done.plan.graph, done.effort != "quick", out)   # quick: derived none
+        write_report(done.plan, out)
+        if not args.no_emit:
+            done.plan.emit(out)
     print(done.plan.summary())
     how = "the old program re-balanced" if done.kept_program else \
         (f"a new program ({'over ' if done.carried_cost_is_floor else ''}"

@@ -25,6 +25,7 @@ plan's lifted constants, when given, load torch to be saved.
 
 from __future__ import annotations
 
+import hashlib
 import keyword
 import math
 import os
@@ -82,32 +83,46 @@ def emit(program: DistProgram, model_file: str, out_dir: str, *, model_kwargs: d
         shutil.copyfile(model_file, out / model_name)
     for name, source in RUNTIME_FILES.items():
         shutil.copyfile(source, out / name)
-    graph = program.graph
-    used_constants = {graph.values[n].target for n in graph.values if graph.values[n].kind == "constant"}
-    # A constant traced on the meta device has no data (Falcon's ``x[..., [-2], :]`` index
-    # list): it is left out, and each rank re-derives it from its real module at start-up.
-    with_data = {k: t for k, t in (constants or {}).items() if k in used_constants and not t.is_meta}
-    if with_data:
-        import torch        # the constants are tensors: torch is loaded already
-
-        torch.save(with_data, out / "constants.pt")
-    else:
-        (out / "constants.pt").unlink(missing_ok=True)     # never another plan's constants
-
+    constants_sha256 = save_constants(out, program.graph, constants)
     source = render(program, model_name, model_kwargs=model_kwargs or {}, optimizer=optimizer, seed=seed,
-                    plan_summary=plan_summary, cluster=cluster, precision=precision)
+                    plan_summary=plan_summary, cluster=cluster, precision=precision,
+                    constants_sha256=constants_sha256)
     path = out / "program.py"
     path.write_text(source)
     return str(path)
 
 
+def save_constants(out: Path, graph: Any, constants: dict | None) -> str | None:
+    """Save the lifted constants ``graph`` reads (those with data) as ``out/constants.pt`` and
+    return its SHA-256, which the program checks before loading it; None (and no file) when
+    there are none. A constant traced on the meta device has no data (Falcon's
+    ``x[..., [-2], :]`` index list): it is left out, and each rank re-derives it at start-up."""
+    used = {graph.values[n].target for n in graph.values if graph.values[n].kind == "constant"}
+    with_data = {k: t for k, t in (constants or {}).items() if k in used and not t.is_meta}
+    path = out / "constants.pt"
+    if not with_data:
+        path.unlink(missing_ok=True)     # never another plan's constants
+        return None
+    import io
+
+    import torch        # the constants are tensors: torch is loaded already
+
+    buffer = io.BytesIO()
+    torch.save(with_data, buffer)
+    path.write_bytes(buffer.getvalue())
+    return hashlib.sha256(buffer.getvalue()).hexdigest()
+
+
 def render(program: DistProgram, model_name: str, *, model_kwargs: dict, optimizer: str = "adamw",
-           seed: int = 0, plan_summary: str = "", cluster: Any = None, precision: Any = None) -> str:
-    """The text of ``program.py`` (see the module docstring)."""
+           seed: int = 0, plan_summary: str = "", cluster: Any = None, precision: Any = None,
+           constants_sha256: str | None = None) -> str:
+    """The text of ``program.py`` (see the module docstring); ``constants_sha256``: that of the
+    constants.pt written beside it (:func:`save_constants`)."""
     head, tail = skeleton_parts()
     names = _Names(program)
     blocks = find_blocks(program)       # repeated layers: written once, called per layer
-    body = _tables(program, names, model_name, model_kwargs, optimizer, seed, cluster, blocks) + "\n" + \
+    body = _tables(program, names, model_name, model_kwargs, optimizer, seed, cluster, blocks,
+                   constants_sha256) + "\n" + \
         _precision_tables(precision) + "\n\n\n" + \
         _forward(program, names, cluster, blocks)
     return _docstring(program, model_name, plan_summary) + head.rstrip("\n") + "\n\n" + BEGIN + "\n" + body + \
@@ -161,7 +176,7 @@ class _Names:
 # ---- tables ----------------------------------------------------------------------------------
 
 def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: dict, optimizer: str,
-            seed: int, cluster: Any, blocks: list[Block] = ()) -> str:
+            seed: int, cluster: Any, blocks: list[Block] = (), constants_sha256: str | None = None) -> str:
     graph = program.graph
     layouts = program.layouts()
     # Values and nodes of a block's later calls never appear in the program's text: the block
@@ -185,6 +200,7 @@ def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: 
         render_dict("PARAMS: dict[str, str]", [(p, graph.values[p].target) for p in graph.params]),
         render_dict("BUFFERS: dict[str, str]", [(b, graph.values[b].target) for b in graph.buffers]),
         render_dict("CONSTANTS: dict[str, str]", [(n, v.target) for n, v in graph.values.items() if v.kind == "constant"]),
+        constants_hash_line(constants_sha256),
         f"INPUTS: tuple[str, ...] = {tuple(graph.inputs)!r}   # model inputs, in call order",
         "",
         "# Every sharded value: (dim, piece length on rank 0, 1, ...). Rank r holds",
@@ -230,6 +246,10 @@ def _node_sizes(program: DistProgram, cluster: Any) -> tuple[int, ...]:
     if cluster is None or cluster.world != program.world:
         return (program.world,)
     return tuple(len(h.devices) for h in cluster.nodes)
+
+
+def constants_hash_line(sha256: str | None) -> str:
+    return f"CONSTANTS_SHA256 = {sha256!r}   # of constants.pt, checked before it is read (None: no file)"
 
 
 def _precision_tables(precision: Any) -> str:

@@ -58,8 +58,8 @@ def emit_pipeline(plan: Plan, out_dir: str | Path, micro: MicroTrace | None = No
     micro = micro if micro is not None else micro_batch_graph(plan)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model_name = _copy_files(plan.model["file"], out, micro.graph, micro.constants)
-    source = render_pipeline(plan, micro.graph, model_name, micro.loss_reduction)
+    model_name, constants_sha256 = _copy_files(plan.model["file"], out, micro.graph, micro.constants)
+    source = render_pipeline(plan, micro.graph, model_name, micro.loss_reduction, constants_sha256)
     path = out / "program.py"
     path.write_text(source)
     return path
@@ -265,9 +265,10 @@ def _producers(graph: Graph) -> dict[str, int]:
 
 # ---- rendering ---------------------------------------------------------------------------------
 
-def render_pipeline(plan: Plan, graph: Graph, model_name: str, reduction: str | None = None) -> str:
+def render_pipeline(plan: Plan, graph: Graph, model_name: str, reduction: str | None = None,
+                    constants_sha256: str | None = None) -> str:
     """The text of a pipelined ``program.py`` (``reduction``: the loss's, see :func:`loss_reduction`;
-    read from ``graph`` when not given)."""
+    read from ``graph`` when not given; ``constants_sha256``: see :func:`emitter.save_constants`)."""
     from costmodel.groups import sub_cluster
 
     pipe = plan.pipeline
@@ -291,7 +292,7 @@ def render_pipeline(plan: Plan, graph: Graph, model_name: str, reduction: str | 
             if graph.values[name].kind == "param":
                 holders.setdefault(name, []).append(k)
     body = "\n".join([
-        _globals(plan, graph, model_name, pipe, holders, reduction or loss_reduction(graph)),
+        _globals(plan, graph, model_name, pipe, holders, reduction or loss_reduction(graph), constants_sha256),
         emitter._precision_tables(plan.precision),
         "",
         "# One table per stage: its group's global ranks, its SPMD tables at micro-batch shapes",
@@ -314,7 +315,7 @@ def render_pipeline(plan: Plan, graph: Graph, model_name: str, reduction: str | 
 
 
 def _globals(plan: Plan, graph: Graph, model_name: str, pipe: Any, holders: dict[str, list[int]],
-             reduction: str) -> str:
+             reduction: str, constants_sha256: str | None) -> str:
     from synth.stagespace import batch_size
 
     whole = plan.graph
@@ -339,6 +340,7 @@ def _globals(plan: Plan, graph: Graph, model_name: str, pipe: Any, holders: dict
         emitter._dict("BUFFERS: dict[str, str]", {b: graph.values[b].target for b in graph.buffers}),
         emitter._dict("CONSTANTS: dict[str, str]",
                       {n: v.target for n, v in graph.values.items() if v.kind == "constant"}),
+        emitter.constants_hash_line(constants_sha256),
         f"INPUTS: tuple[str, ...] = {tuple(graph.inputs)!r}   # model inputs, in call order",
         f"INPUT_SPLIT: tuple[bool, ...] = {split!r}   # cut into micro-batches along dim 0",
         "# The stage whose gradient --verify reports for each parameter, and the parameters several",
@@ -500,9 +502,9 @@ Plan:
 
 # ---- files ---------------------------------------------------------------------------------------
 
-def _copy_files(model_file: str, out: Path, graph: Graph, constants: dict | None) -> str:
+def _copy_files(model_file: str, out: Path, graph: Graph, constants: dict | None) -> tuple[str, str | None]:
     """The model file and the runtime beside the program (as :func:`emitter.emit` does), plus
-    hapc_pipeline.py; returns the model file's name there."""
+    hapc_pipeline.py; returns the model file's name there and constants.pt's SHA-256."""
     model_name = Path(model_file).name
     if model_name in ("program.py", "hapc_local_ops.py", "hapc_collectives.py", "hapc_checkpoint.py",
                       "hapc_timings.py", "hapc_pipeline.py"):
@@ -511,15 +513,7 @@ def _copy_files(model_file: str, out: Path, graph: Graph, constants: dict | None
         shutil.copyfile(model_file, out / model_name)
     for name, source in {**emitter.RUNTIME_FILES, "hapc_pipeline.py": runtime_facts.PIPELINE}.items():
         shutil.copyfile(source, out / name)
-    used = {graph.values[n].target for n in graph.values if graph.values[n].kind == "constant"}
-    with_data = {k: t for k, t in (constants or {}).items() if k in used and not t.is_meta}
-    if with_data:
-        import torch        # the constants are tensors: torch is loaded already
-
-        torch.save(with_data, out / "constants.pt")
-    else:
-        (out / "constants.pt").unlink(missing_ok=True)
-    return model_name
+    return model_name, emitter.save_constants(out, graph, constants)
 
 
 __all__ = ["MicroTrace", "emit_pipeline", "loss_reduction", "micro_batch_graph", "on_graph", "render_pipeline"]

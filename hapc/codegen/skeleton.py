@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
+import hashlib
 import importlib.util
 import inspect
+import io
 import math  # noqa: F401  (generated code writes math.inf / math.nan)
 import os
+import shutil
 import statistics
 import sys
+import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -35,6 +40,12 @@ def _load(name: str, file: str):
     name = f"{name}_{zlib.crc32(str(HERE).encode()):08x}"
     if name in sys.modules:
         return sys.modules[name]
+    if not (HERE / file).is_file():
+        missing = f"program.py: {file} is missing beside it in {HERE} (copy the whole folder hapc wrote)"
+        if __name__ == "__main__":          # run as a script: one line and exit 2, no traceback
+            print(missing, file=sys.stderr)
+            raise SystemExit(2)
+        raise ImportError(missing)
     spec = importlib.util.spec_from_file_location(name, HERE / file)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {HERE / file}")
@@ -60,6 +71,7 @@ LOSS, LOSS_PARTIAL = "loss", False
 PARAMS: dict[str, str] = {}
 BUFFERS: dict[str, str] = {}
 CONSTANTS: dict[str, str] = {}
+CONSTANTS_SHA256: str | None = None
 INPUTS: tuple[str, ...] = ()
 SHARDS: dict[str, tuple[int, tuple[int, ...]]] = {}
 LOCAL_CALLS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]] = {}
@@ -73,7 +85,7 @@ def forward(rt: Rank, v: dict[str, torch.Tensor]) -> torch.Tensor:
     raise NotImplementedError
 
 
-_SECOND_HALF_IMPORTS = (argparse, os, statistics, time)     # what skeleton_main.py's text uses
+_SECOND_HALF_IMPORTS = (argparse, datetime, os, shutil, statistics, threading, time)     # what skeleton_main.py's text uses
 # ==== generated: tables and forward (end) ====
 
 M = _load("hapc_user_model", MODEL_FILE)                  # the user's model file
@@ -257,7 +269,12 @@ def _constants(module: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, tor
     """Tensors the trace lifted out of the model (created inside forward, or plain tensor
     attributes): from constants.pt when the plan saved them, else from the module's attributes,
     else from torch.export of the model itself, which names them as the trace did."""
-    found = torch.load(HERE / "constants.pt") if (HERE / "constants.pt").exists() else {}
+    problem = constants_problem()
+    if problem is not None:
+        raise RuntimeError(problem)
+    found = {}
+    if CONSTANTS_SHA256 is not None:        # a constants.pt this program was not written with is not read
+        found = torch.load(io.BytesIO((HERE / "constants.pt").read_bytes()), weights_only=True)
     missing = [t for t in CONSTANTS.values() if t not in found]
     for target in list(missing):
         obj: Any = module
@@ -273,6 +290,19 @@ def _constants(module: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, tor
     if any(t not in found for t in CONSTANTS.values()):
         raise RuntimeError(f"cannot find the traced constants {sorted(set(CONSTANTS.values()) - set(found))}")
     return found
+
+
+def constants_problem() -> str | None:
+    """Why constants.pt cannot be used (missing, or not the bytes this program was written with:
+    one flipped bit in a constant trains another model), in one line; None when it can."""
+    if CONSTANTS_SHA256 is None:
+        return None
+    path = HERE / "constants.pt"
+    if not path.is_file():
+        return f"program.py: {path} is missing (copy the whole folder hapc wrote)"
+    if hashlib.sha256(path.read_bytes()).hexdigest() != CONSTANTS_SHA256:
+        return f"program.py: {path} is not the file this program was written with (checksum mismatch): emit again"
+    return None
 
 
 def build(device: str | torch.device = "cpu", **options: Any):

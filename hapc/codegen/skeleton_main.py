@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import os
+import shutil
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +41,7 @@ from hapc.codegen.skeleton import (
     _call_with,
     _load,
     autocast,
+    constants_problem,
     make_optimizer,
     make_trainer,
 )
@@ -204,6 +208,17 @@ def save_checkpoint(directory: str, trainer: Trainer, optimizer: torch.optim.Opt
                   model_kwargs=trainer.kwargs, world=WORLD)
 
 
+def prune_checkpoints(root: str, keep: int) -> None:
+    """Remove all but the newest ``keep`` step directories under ``root``; never the one
+    ``latest`` names (rank 0, after a complete save)."""
+    latest = Path(root) / "latest"
+    current = latest.read_text().strip() if latest.is_file() else None
+    steps = sorted(p for p in Path(root).glob("step-*") if p.is_dir())
+    for old in steps[:-keep]:
+        if old.name != current:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def load_checkpoint(directory: str, trainer: Trainer, optimizer: torch.optim.Optimizer) -> int:
     """Load a checkpoint saved by any plan of this model; returns the data position."""
     K = _checkpoints()
@@ -225,6 +240,47 @@ def report_peak_memory(rank: int, device: torch.device) -> None:
         print("peak memory bytes per rank: " + " ".join(str(int(x.item())) for x in every), flush=True)
 
 
+class StepWatchdog:
+    """Ends this rank, with one line, when no step has finished for ``seconds``: a peer that
+    stopped (SIGSTOP, a hung device, a lost node) would otherwise hold every rank until the
+    backend's own timeout, or forever. Disarmed around work whose length does not scale with a
+    step (loading, --verify's one-device reference, saving); the process group's timeout covers
+    a collective that waits inside those."""
+
+    def __init__(self, seconds: float, rank: int) -> None:
+        self.seconds, self.rank = seconds, rank
+        self.last, self.armed, self.step = time.monotonic(), False, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="hapc-step-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self.beat()
+        self._thread.start()
+
+    def beat(self, step: int | None = None, *, armed: bool = True) -> None:
+        self.last, self.armed = time.monotonic(), armed
+        if step is not None:
+            self.step = step
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(5.0, self.seconds / 4)):
+            if self.armed and time.monotonic() - self.last > self.seconds:
+                print(f"rank {self.rank}: step {self.step + 1} made no progress for {self.seconds:g} s (--timeout): "
+                      "a peer rank stopped answering; ending this rank", file=sys.stderr, flush=True)
+                os._exit(1)
+
+
+def _peer_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective that failed because a peer left or stopped answering."""
+    text = f"{type(exc).__name__} {exc}"
+    return isinstance(exc, RuntimeError) and any(k in text for k in (
+        "DistBackendError", "Connection reset", "Connection closed", "Broken pipe", "Timed out", "timed out",
+        "Timeout", "NCCL", "gloo", "peer"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="training steps to run (default 3)")
@@ -235,14 +291,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--save", metavar="DIR", default=None,
                         help="save a checkpoint to DIR/step-N at the end (and every --save-every steps)")
     parser.add_argument("--save-every", type=int, default=0, metavar="N", help="also save every N steps")
+    parser.add_argument("--keep", type=int, default=0, metavar="N",
+                        help="with --save: keep only the newest N steps (default: all)")
     parser.add_argument("--load", metavar="DIR", default=None,
                         help="resume from a checkpoint (DIR/latest or a step directory), saved by any plan")
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                        help="end every rank when a step or a collective waits this long for a peer (default 300)")
     parser.add_argument("--timings", action="store_true",
                         help="print each rank's compute, communication and idle seconds per step")
     parser.add_argument("--tf32", choices=("on", "off"), default="on" if ALLOW_TF32 else "off",
                         help="float32 products on TF32 units (CUDA; default from the plan's cluster file: "
                              f"{'on' if ALLOW_TF32 else 'off'})")
     args = parser.parse_args(argv)
+    if args.keep < 0 or (args.keep and not args.save):
+        parser.error(f"--keep {args.keep}: expected a positive number of steps to keep, with --save DIR")
+    if args.timeout <= 0:
+        parser.error(f"--timeout {args.timeout:g}: expected a positive number of seconds")
     if args.load and args.verify:
         parser.error("--verify compares with the initial weights; it cannot follow --load")
     if "STAGES" in globals() and (args.save or args.load):
@@ -263,17 +327,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         print(f"this program's launch does not match its plan: {problem}", file=sys.stderr)
         return 2
+    problem = constants_problem()
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         device = torch.device("cuda", torch.cuda.current_device())
         # The plan priced float32 products at the TF32 peak exactly when ALLOW_TF32; --verify's
         # reference runs in this process, so it computes with the same setting.
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32 == "on"
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(seconds=args.timeout))
     else:
         device = torch.device("cpu")
         C.keep_freed_memory()     # large CPU tensors reuse freed memory instead of faulting pages in
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    watchdog = StepWatchdog(args.timeout, dist.get_rank())
+    if dist.get_rank() == 0:
+        print(f"timeout {args.timeout:g} s: a rank that waits longer for a peer ends the job (--timeout)",
+              flush=True)
 
     def synchronize() -> None:
         if device.type == "cuda":
@@ -297,7 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         clock = _load("hapc_timings", "hapc_timings.py").StepClock() if args.timings else None
         if clock is not None:
             clock.install()
+        watchdog.start()
         for i in range(first, first + args.steps):
+            watchdog.beat(i)
             synchronize()
             if clock is not None:
                 clock.start()
@@ -306,7 +380,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             synchronize()
             seconds = time.perf_counter() - start
             if args.verify and i == first:
+                watchdog.beat(armed=False)            # the one-device reference: not a step's length
                 ok = verify(trainer, loss, batch)
+                watchdog.beat(i)
             synchronize()
             start = time.perf_counter()
             optimizer.step()
@@ -320,9 +396,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for line in _load("hapc_timings", "hapc_timings.py").report(i + 1, *clock.stop(), device):
                     print(line, flush=True)
             if args.save and (i + 1 == first + args.steps or (args.save_every and (i + 1) % args.save_every == 0)):
-                saved = save_checkpoint(args.save, trainer, optimizer, data_position=i + 1)
+                watchdog.beat(armed=False)            # a save's length is the disk's
+                try:
+                    saved = save_checkpoint(args.save, trainer, optimizer, data_position=i + 1)
+                except Exception as exc:              # a full disk, a folder it cannot write
+                    if _peer_failure(exc):
+                        raise
+                    if trainer.rank == 0:
+                        latest = Path(args.save) / "latest"
+                        kept = latest.read_text().strip() if latest.is_file() else "none"
+                        print(f"program.py: --save {args.save}: the checkpoint of step {i + 1} could not be written "
+                              f"({type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:160]}); "
+                              f"the latest complete one is still {kept}", file=sys.stderr, flush=True)
+                    return 1
                 if trainer.rank == 0:
                     print(f"saved {saved}", flush=True)
+                    if args.keep:
+                        prune_checkpoints(args.save, args.keep)
+        watchdog.beat(armed=False)
         if clock is not None:
             clock.uninstall()                     # main() may run inside a longer-lived process
         if trainer.rank == 0 and len(times) > 1:
@@ -334,7 +425,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             # step's collectives: gloo aborts a process whose socket closes under a pending op.
             dist.barrier()
         return 0 if ok else 1
+    except RuntimeError as exc:
+        if not _peer_failure(exc):
+            raise
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        print(f"rank {dist.get_rank()}: step {watchdog.step + 1}: a collective failed, a peer rank stopped or "
+              f"left ({first_line})", file=sys.stderr, flush=True)
+        return 1
     finally:
+        watchdog.stop()
         dist.destroy_process_group()
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from costmodel.cluster import Cluster, load_cluster
+from costmodel.collectives import METHOD_NAMES
 from costmodel.simulator import SimResult, simulate
 from hapc.errors import UserError
 from hapc.ir.graph import Graph, hash_of_json
@@ -268,9 +269,17 @@ class Plan:
             raise UserError("no such plan file", where=str(path)) from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise UserError(f"not a plan file (invalid JSON: {exc})", where=str(path)) from None
+        except (ValueError, RecursionError) as exc:       # nesting or numbers beyond what JSON decoding takes
+            raise UserError(f"not a plan file ({type(exc).__name__}: {_first_line(exc)})", where=str(path)) from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise UserError(f"not a plan file (format should be {FORMAT!r})", where=str(path))
-        plan = Plan.from_dict(data)
+        try:
+            plan = Plan.from_dict(data)
+        except UserError as exc:
+            raise UserError(str(exc), where=str(path)) from None
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError, OverflowError) as exc:
+            what = f"missing {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {_first_line(exc)}"
+            raise UserError(f"not a valid plan file ({what})", where=str(path)) from None
         if graph_text is not None:
             _GraphSection.remember(plan.graph, data["graph"], graph_text)
         return plan
@@ -339,9 +348,20 @@ def _steps_to_dict(program: DistProgram) -> list[dict[str, Any]]:
 
 
 def _program_from_dict(graph: Graph, data: dict[str, Any]) -> DistProgram:
-    """A program from its ``shares``, ``source_layouts`` and ``steps`` entries."""
+    """A program from its ``shares``, ``source_layouts`` and ``steps`` entries, which are
+    checked first: shares are fractions of the work that sum to 1, methods are known names."""
+    shares = data["shares"]
+    if not isinstance(shares, list) or not shares or not all(
+            type(x) in (int, float) and math.isfinite(x) and x >= 0 for x in shares) \
+            or abs(math.fsum(shares) - 1) > 1e-6:
+        raise UserError("shares: expected non-negative fractions of the work that sum to 1, "
+                        f"got {str(shares)[:80]}")
+    methods = {s["method"] for s in data["steps"] if "redistribute" in s}
+    if not methods <= METHOD_NAMES:
+        raise UserError(f"steps: unknown collective method {sorted(map(str, methods - METHOD_NAMES))[0]!r}; "
+                        f"expected one of {', '.join(sorted(METHOD_NAMES))}")
     layout_of = _LAYOUTS.__getitem__
-    program = DistProgram(graph, tuple(data["shares"]),
+    program = DistProgram(graph, tuple(shares),
                           {k: layout_of(v) for k, v in data["source_layouts"].items()})
     for s in data["steps"]:
         if "compute" in s:
@@ -552,3 +572,8 @@ def _canonical(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_canonical(x) for x in obj]
     return obj
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -24,10 +24,10 @@ What a checkpoint holds (keys in the DCP state dict):
 Beside the DCP files, ``hapc-checkpoint.json`` (written last: its presence marks a complete
 save) names the model, lists every tensor's global shape and dtype, and holds each file's size
 and CRC-32, so a partial, corrupted or other-model checkpoint is refused with one line naming
-the file, never loaded in part. ``save`` writes ``DIR/step-NNNNNNNN/`` and then points
-``DIR/latest`` at it, so a crash during a save leaves the previous checkpoint usable.
-
-This module depends on torch only: code generation copies it beside emitted programs.
+the file, never loaded in part. DCP's ``.metadata`` is a pickle: :class:`SafeReader` reads it
+with an allow-list, so a crafted one cannot run code. ``save`` writes ``DIR/step-NNNNNNNN/``,
+then points ``DIR/latest`` at it: a crash during a save leaves the previous checkpoint usable.
+Depends on torch only: code generation copies it beside emitted programs.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import dataclasses
 import json
 import math
 import os
+import pickle
 import shutil
 import warnings
 import zlib
@@ -52,9 +53,11 @@ from torch.distributed.checkpoint.default_planner import (
     create_default_local_load_plan,
     create_default_local_save_plan,
 )
+import torch.distributed.checkpoint.metadata as dcp_metadata
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
+    Metadata,
     MetadataIndex,
     TensorProperties,
     TensorStorageMetadata,
@@ -294,7 +297,11 @@ def resolve(path: str | os.PathLike) -> Path:
     if (path / MANIFEST).exists():
         return path
     if (path / LATEST).is_file():
-        target = path / (path / LATEST).read_text().strip()
+        try:
+            target = path / (path / LATEST).read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{path / LATEST}: unreadable ({type(exc).__name__}): it should name a "
+                                  "step directory") from None
         if not (target / MANIFEST).exists():
             raise CheckpointError(f"{target / MANIFEST}: missing (named by {path / LATEST}): the save did not finish")
         return target
@@ -315,7 +322,13 @@ def read_manifest(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
         raise CheckpointError(f"{file}: unreadable ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{file}: not a hapc checkpoint manifest (format should be {FORMAT!r})")
-    for name, want in sorted(manifest.get("files", {}).items()):
+    _check_manifest(manifest, file)
+    on_disk = {p.name for p in directory.iterdir() if p.is_file() and p.name != MANIFEST}
+    unlisted = sorted(on_disk - set(manifest["files"]))
+    if unlisted:
+        raise CheckpointError(f"{file}: does not list {unlisted[0]} ({len(unlisted)} files unlisted): "
+                              "every file of the checkpoint must be checked")
+    for name, want in sorted(manifest["files"].items()):
         p = directory / name
         if not p.is_file():
             raise CheckpointError(f"{p}: missing: the checkpoint is incomplete")
@@ -325,6 +338,30 @@ def read_manifest(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
         if _crc32(p) != want["crc32"]:
             raise CheckpointError(f"{p}: checksum mismatch: the file is corrupted")
     return directory, manifest
+
+
+def _check_manifest(manifest: Mapping[str, Any], file: Path) -> None:
+    """The manifest's structure, before any of it is used: a wrong one is refused, not half read."""
+    def wrong(field: str, wanted: str) -> CheckpointError:
+        return CheckpointError(f"{file}: {field}: expected {wanted}")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise wrong("files", "an object naming every file of the checkpoint")
+    for name, want in files.items():
+        if not isinstance(want, dict) or not all(type(want.get(k)) is int for k in ("bytes", "crc32")) \
+                or "/" in name or "\\" in name or name in ("", ".", ".."):
+            raise wrong(f"files.{name}", "a file of the directory with integer bytes and crc32")
+    tensors = manifest.get("tensors")
+    if not isinstance(tensors, dict):
+        raise wrong("tensors", "an object of tensor shapes and dtypes")
+    for key, info in tensors.items():
+        if (not isinstance(info, dict) or not isinstance(info.get("shape"), list)
+                or not all(isinstance(n, int) and n >= 0 for n in info["shape"])
+                or not isinstance(getattr(torch, str(info.get("dtype")), None), torch.dtype)):
+            raise wrong(f"tensors.{key}", "an object with a shape (a list of sizes) and a torch dtype")
+    if not isinstance(manifest.get("state_dict"), dict) or not all(
+            isinstance(v, str) and v in tensors for v in manifest["state_dict"].values()):
+        raise wrong("state_dict", "an object mapping state_dict keys to tensors of the manifest")
 
 
 def check_model(manifest: Mapping[str, Any], tensors: Mapping[str, Held], where: Path) -> None:
@@ -360,7 +397,7 @@ def load(path: str | os.PathLike, held: Mapping[str, Held], module: torch.nn.Mod
     error, directory = _from_rank0((error, directory))
     if error is not None:
         raise CheckpointError(error)
-    reader = dcp.FileSystemReader(directory)
+    reader = SafeReader(directory)
     metadata = reader.read_metadata()
     # Loaded into fresh tensors first, copied in only once everything has been read.
     entries: dict[str, Any] = {f"{MODEL}{k}": h.like(torch.empty_like(h.tensor)) for k, h in tensors.items()}
@@ -372,8 +409,7 @@ def load(path: str | os.PathLike, held: Mapping[str, Held], module: torch.nn.Mod
     except CheckpointError:
         raise
     except Exception as exc:       # DCP wraps per-rank failures; keep it to one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{directory}: cannot be read ({type(exc).__name__}: {first})") from None
+        raise CheckpointError(f"{directory}: cannot be read ({type(exc).__name__}: {_first_line(exc)})") from None
     optimizer_state = _optimizer_state(optimizer, params, state, directory)   # checked before anything changes
     with torch.no_grad():
         for key, h in tensors.items():
@@ -452,17 +488,82 @@ def export_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     directory, manifest = read_manifest(path)
     state = {f"{MODEL}{k}": torch.empty(tuple(v["shape"]), dtype=getattr(torch, v["dtype"]))
              for k, v in manifest["tensors"].items()}
+    reader = SafeReader(directory)
+    saved = reader.read_metadata().state_dict_metadata
+    for key, tensor in state.items():
+        held = saved.get(key)
+        if not (isinstance(held, TensorStorageMetadata) and held.properties.dtype == tensor.dtype
+                and list(held.size) == list(tensor.shape)):
+            raise CheckpointError(f"{directory / MANIFEST}: {key.removeprefix(MODEL)} ({tensor.dtype}, "
+                                  f"{list(tensor.shape)}) is not what the DCP files hold")
     try:
         with warnings.catch_warnings():        # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, storage_reader=dcp.FileSystemReader(directory),
+            dcp.load(state, storage_reader=reader,
                      planner=_PieceLoadPlanner({}, str(directory)), no_dist=True)
     except CheckpointError:
         raise
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{directory}: cannot be read ({type(exc).__name__}: {first})") from None
+        raise CheckpointError(f"{directory}: cannot be read ({type(exc).__name__}: {_first_line(exc)})") from None
     return {key: state[f"{MODEL}{held}"] for key, held in manifest["state_dict"].items()}
+
+
+# ---- reading DCP's metadata without running code -------------------------------------------
+
+class SafeReader(dcp.FileSystemReader):
+    """DCP's file reader, except that ``.metadata`` (a pickle) is read by :func:`read_metadata`,
+    which admits DCP's metadata classes only: a crafted file cannot run code on ``--load``."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if hasattr(self, "_get_metadata_path"):
+            path = Path(str(self._get_metadata_path(kwargs.get("rank"))))
+        else:
+            path = Path(str(self.path)) / ".metadata"
+        metadata = read_metadata(path)
+        if getattr(metadata, "storage_meta", None) is None and hasattr(dcp_metadata, "StorageMeta"):
+            metadata.storage_meta = dcp_metadata.StorageMeta()
+        if getattr(metadata, "storage_meta", None) is not None:
+            metadata.storage_meta.load_id = getattr(self, "load_id", None)
+        return metadata
+
+
+def read_metadata(path: Path) -> Metadata:
+    """A DCP ``.metadata`` file, unpickled with an allow-list of exact names: DCP's metadata
+    classes, ``torch.Size``, dtypes, paths and plain containers. Anything else (a function, a
+    dotted name) is refused with :class:`CheckpointError`, never called."""
+    try:
+        with open(path, "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"{path}: unreadable ({type(exc).__name__}: {_first_line(exc)})") from None
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"{path}: not DCP metadata ({type(metadata).__name__})")
+    return metadata
+
+
+_PLAIN = {("builtins", n) for n in ("set", "frozenset", "list", "tuple", "dict", "slice", "complex", "bytearray")} | \
+    {("collections", "OrderedDict"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
+     ("torch.distributed.checkpoint.filesystem", "_StorageInfo")} | \
+    {("pathlib", n) for n in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if "." not in name:
+            if (module, name) in _PLAIN:
+                return super().find_class(module, name)
+            found = getattr(torch, name, None) if module == "torch" else None
+            if isinstance(found, torch.dtype):
+                return found
+            found = getattr(dcp_metadata, name, None) if module == dcp_metadata.__name__ else None
+            if isinstance(found, type) and found.__module__ == module:
+                return found
+        raise pickle.UnpicklingError(f"names {module}.{name}, which DCP metadata does not hold")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # ---- helpers ---------------------------------------------------------------------------------

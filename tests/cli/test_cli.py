@@ -137,3 +137,27 @@ def test_a_compile_freezes_the_heap_as_the_interpreter_exits(tmp_path):
                           timeout=120, check=False)
     lines = proc.stdout.strip().splitlines()
     assert proc.returncode == 0 and lines[-1] == "frozen True", proc.stdout + proc.stderr[-2000:]
+
+
+def test_an_output_that_cannot_be_written_is_one_line_and_leaves_no_folder(tmp_path, monkeypatch, capsys):
+    """A full disk while writing: exit 2, one line naming the folder, and the folder this
+    compile made is gone (no half-written plan for a later run to pick up)."""
+    from hapc.plan.plan import Plan
+
+    def disk_full(self, path):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(Plan, "save", disk_full)
+    out = tmp_path / "new" / "out"
+    assert main(["compile", MLP, "--cluster", SMALL_MIXED, "-q", "--no-trace-cache", "-o", str(out), *MLP_SMALL]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"hapc: {out}: cannot write the output (No space left on device: {out / 'plan.json'})"
+    assert not out.exists()
+
+
+def test_an_output_under_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "out"
+    assert main(["compile", MLP, "--cluster", SMALL_MIXED, "-q", "--no-trace-cache", "-o", str(out), *MLP_SMALL]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"hapc: {out}: cannot write the output")

@@ -36,8 +36,8 @@ def test_emitted_program_is_standalone_and_readable(name, tmp_path):
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert "hapc" not in imported and "synth" not in imported and "costmodel" not in imported
-    assert imported <= {"__future__", "argparse", "contextlib", "importlib", "inspect", "math", "os", "statistics", "sys",
-                        "time", "zlib", "pathlib", "collections", "typing", "torch"}
+    assert imported <= {"__future__", "argparse", "contextlib", "datetime", "hashlib", "importlib", "inspect", "io", "math", "os",
+                        "shutil", "statistics", "sys", "threading", "time", "zlib", "pathlib", "collections", "typing", "torch"}
     # The siblings it loads by path are there, and need no hapc either.
     for sibling in ("hapc_local_ops.py", "hapc_collectives.py", f"{name}.py"):
         text = (tmp_path / sibling).read_text()

@@ -183,3 +183,26 @@ def test_per_collective_link_numbers_load_default_and_round_trip():
     assert cluster.for_collective("reduce_scatter") is view                      # built once
     plain = load_cluster(ROOT / "configs" / "clusters" / "small-mixed.yaml")
     assert plain.for_collective("all_gather") is plain
+
+
+@pytest.mark.parametrize("node_count, per_node, field", [(10**9, 8, r"nodes\[1\]\.count"), (1, 10**9, r"nodes\[1\]\.devices")])
+def test_a_cluster_too_large_to_plan_is_refused_before_any_device_is_built(node_count, per_node, field):
+    """A typo in a count must not allocate a billion devices before the error (the check runs
+    on the counts alone)."""
+    import tracemalloc
+
+    from costmodel.cluster_file import MAX_DEVICES
+
+    spec = {"nodes": [{"devices": [{"type": "V100-32GB", "count": 2}], "intra_link": "nvlink2"},
+                      {"count": node_count, "devices": [{"type": "A100-80GB", "count": per_node}],
+                       "intra_link": "nvlink3"}],
+            "network": {"bandwidth_Gbps": 100, "latency_us": 5}}
+    tracemalloc.start()
+    try:
+        with pytest.raises(UserError, match=rf"{field}: .* {2 + node_count * per_node} devices; hapc plans clusters "
+                                            rf"of at most {MAX_DEVICES}"):
+            load_cluster(spec)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 10**7

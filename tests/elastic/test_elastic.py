@@ -15,9 +15,12 @@ result equals the single-device weights.
 from __future__ import annotations
 
 import importlib.util
+import json
+import pickle
 import re
 import socket
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -155,6 +158,79 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_naming_the_file(tmp_path, d
     assert all(torch.equal(before[k], p) for k, p in params.items())     # nothing half-loaded
 
 
+def _calling_exec(code: str) -> bytes:
+    """Pickle bytes that run ``exec(code)`` when loaded by a plain unpickler (DCP's own reader)."""
+    def text(s: str) -> bytes:
+        return b"\x8c" + bytes([len(s.encode())]) + s.encode()
+    return b"\x80\x04" + text("builtins") + text("exec") + b"\x93" + text(code) + b"\x85R."
+
+
+def _rewrite_with_manifest(step: Path, name: str, data: bytes) -> None:
+    """Replace a file of a checkpoint and record its new size and CRC-32 in the manifest, as
+    someone who edits a checkpoint on purpose would (the manifest is plain JSON)."""
+    (step / name).write_bytes(data)
+    manifest = json.loads((step / K.MANIFEST).read_text())
+    manifest["files"][name] = {"bytes": len(data), "crc32": zlib.crc32(data)}
+    (step / K.MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("route", ["load", "export-weights", "export-weights, weights_only forced off"])
+def test_crafted_checkpoint_metadata_cannot_run_code(tmp_path, monkeypatch, capsys, route):
+    _save(tmp_path / "ck")
+    marker = tmp_path / "marker"
+    payload = _calling_exec(f"open({str(marker)!r}, 'w').write('ran')")
+    pickle.loads(payload)                      # the payload is live: a plain load runs it
+    assert marker.exists()
+    marker.unlink()
+    _rewrite_with_manifest(tmp_path / "ck" / "step-00000001", ".metadata", payload)
+    if route == "load":
+        fresh, params, opt, held = _trained_linear(seed=1)
+        with pytest.raises(K.CheckpointError, match=r"\.metadata: unreadable \(UnpicklingError: names builtins\.exec"):
+            K.load(tmp_path / "ck", held, fresh, opt, params)
+    else:
+        if "forced" in route:
+            monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+        assert cli_main(["export-weights", str(tmp_path / "ck"), str(tmp_path / "w.pt")]) == 2
+        err = capsys.readouterr().err
+        assert "names builtins.exec" in err and len(err.splitlines()) == 1
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("edit, message", [
+    ("files as a list", r"files: expected an object naming every file"),
+    ("no files", r"files: expected an object naming every file"),
+    ("an int entry", r"files\.__0_0\.distcp: expected a file of the directory"),
+    ("a file unlisted", r"does not list \.metadata"),
+    ("a dtype edited", r"0\.weight \(torch\.float16, \[3, 4\]\) is not what the DCP files hold"),
+])
+def test_an_edited_manifest_is_refused_in_one_line(tmp_path, capsys, edit, message):
+    _save(tmp_path)
+    path = tmp_path / "step-00000001" / K.MANIFEST
+    manifest = json.loads(path.read_text())
+    if edit == "files as a list":
+        manifest["files"] = list(manifest["files"])
+    elif edit == "no files":
+        manifest["files"] = {}
+    elif edit == "an int entry":
+        manifest["files"]["__0_0.distcp"] = 7
+    elif edit == "a file unlisted":
+        del manifest["files"][".metadata"]
+    else:
+        manifest["tensors"]["0.weight"]["dtype"] = "float16"
+    path.write_text(json.dumps(manifest))
+    assert cli_main(["export-weights", str(tmp_path), str(tmp_path / "w.pt")]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "w.pt").exists()
+
+
+def test_a_latest_file_that_is_not_text_is_refused_in_one_line(tmp_path):
+    _save(tmp_path)
+    (tmp_path / K.LATEST).write_bytes(b"\xff\xfe step")
+    with pytest.raises(K.CheckpointError, match=r"latest: unreadable \(UnicodeDecodeError\)"):
+        K.resolve(tmp_path)
+
+
 def test_a_checkpoint_of_another_model_is_refused(tmp_path):
     _save(tmp_path)
     torch.manual_seed(0)
@@ -203,6 +279,46 @@ def test_one_rank_program_saves_resumes_and_exports_single_device_weights(tmp_pa
         assert torch.allclose(state[key], value, atol=TOLERANCE, rtol=0), key
 
 
+def test_keep_leaves_the_newest_steps_and_the_latest(tmp_path, monkeypatch, capsys):
+    path = emit_model("mlp", plan_for("mlp", "dp-even", _cluster([0.3])), tmp_path / "prog")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    program = _import(path)
+    ck = tmp_path / "ck"
+    assert program.main(["--steps", "4", "--save", str(ck), "--save-every", "1", "--keep", "2"]) == 0
+    assert sorted(p.name for p in ck.glob("step-*")) == ["step-00000003", "step-00000004"]
+    assert (ck / K.LATEST).read_text().strip() == "step-00000004"
+    out = capsys.readouterr().out
+    assert out.startswith("timeout 300 s: a rank that waits longer for a peer ends the job (--timeout)")
+    with pytest.raises(SystemExit):
+        program.main(["--steps", "1", "--keep", "2"])          # --keep without --save
+    assert "--keep 2: expected a positive number of steps to keep, with --save DIR" in capsys.readouterr().err
+
+
+def test_a_save_that_cannot_be_written_is_one_line_and_keeps_the_latest(tmp_path, monkeypatch, capsys):
+    path = emit_model("mlp", plan_for("mlp", "dp-even", _cluster([0.3])), tmp_path / "prog")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    program = _import(path)
+    ck = tmp_path / "ck"
+    assert program.main(["--steps", "1", "--save", str(ck)]) == 0
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(program._checkpoints(), "save", disk_full)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    capsys.readouterr()
+    assert program.main(["--steps", "1", "--load", str(ck), "--save", str(ck)]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        f"program.py: --save {ck}: the checkpoint of step 2 could not be written (OSError: [Errno 28] No space "
+        "left on device); the latest complete one is still step-00000001"]
+    assert (ck / K.LATEST).read_text().strip() == "step-00000001"
+
+
 def test_a_program_run_as_a_script_leaves_without_finalising_the_interpreter(tmp_path):
     """gloo's worker thread may still release the last barrier's work object as main() returns;
     that release needs the GIL, and during the interpreter's finalisation it aborted the rank
@@ -233,7 +349,8 @@ def test_the_runtime_files_beside_the_program_need_only_torch(tmp_path):
         tree = ast.parse((path.parent / sibling).read_text())
         roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-        assert roots <= {"__future__", "dataclasses", "functools", "json", "math", "os", "shutil", "time", "warnings", "zlib",
+        assert roots <= {"__future__", "dataclasses", "functools", "json", "math", "os", "pickle", "shutil", "time",
+                         "warnings", "zlib",
                          "collections", "pathlib", "typing", "torch"}, (sibling, roots)
 
 

@@ -169,6 +169,38 @@ def test_a_damaged_entry_is_a_miss_with_a_note(model_dir, damage):
     assert calls == 0          # rewritten
 
 
+def _calling(module: str, name: str, argument: str) -> bytes:
+    """Pickle bytes that call ``module.name(argument)`` when loaded by a plain unpickler
+    (protocol 4 resolves a dotted ``name`` attribute by attribute)."""
+    def text(s: str) -> bytes:
+        return b"\x8c" + bytes([len(s.encode())]) + s.encode()
+    return b"\x80\x04" + text(module) + text(name) + b"\x93" + text(argument) + b"\x85R."
+
+
+@pytest.mark.parametrize("route", ["dotted name", "builtin", "function of an IR module"])
+def test_an_entry_cannot_run_code(model_dir, tmp_path, route):
+    """A cache folder others can write must not run their code: the crafted entry would write a
+    marker file if anything called what it names; it is refused as corrupt and traced again."""
+    d, cache_dir, _ = model_dir
+    marker = tmp_path / "marker"
+    code = f"open({str(marker)!r}, 'w').write('ran')"
+    payload = {
+        "dotted name": _calling("hapc.ir.graph", "json.codecs.builtins.exec", code),
+        "builtin": _calling("builtins", "exec", code),
+        "function of an IR module": _calling("hapc.ir.graph", "Graph.from_dict", "{}"),
+    }[route]
+    if route != "function of an IR module":       # the payload is live: a plain load runs it
+        pickle.loads(payload)
+        assert marker.exists()
+        marker.unlink()
+    notes: list[str] = []
+    (entry,) = cache_dir.glob("*.trace")
+    entry.write_bytes(payload)
+    traced, calls = _through(TraceCache(cache_dir, note=notes.append), d / "net.py")
+    assert not marker.exists()
+    assert calls == 1 and len(notes) == 1 and "corrupt" in notes[0] and "not a hapc IR class" in notes[0]
+
+
 def test_compile_from_the_cache_writes_the_same_plan_and_program(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HAPC_CACHE_DIR", str(tmp_path / "cache"))
     base = ["compile", str(MLP), "--cluster", SMALL_MIXED, "-q"] + MLP_SMALL
