@@ -45,22 +45,23 @@ def _rank_pids(parent: int) -> dict[int, int]:
     return found
 
 
-def _run_and_hurt(program: Path, sig: signal.Signals, timeout: float) -> tuple[int, str, float]:
-    """Start a long 2-rank run, send ``sig`` to rank 1 once step 5 is printed; return the exit
-    status, stderr, and seconds from the signal to the job's end."""
+def _run_and_hurt(program: Path, sig: signal.Signals, timeout: float, *extra: str,
+                  after: str = "step 5 ") -> tuple[int, str, float]:
+    """Start a long 2-rank run, send ``sig`` to rank 1 once a line starting with ``after`` is
+    printed; return the exit status, stderr, and seconds from the signal to the job's end."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-           str(program), "--device", "cpu", "--steps", "1000000", "--timeout", str(timeout)]
+           str(program), "--device", "cpu", "--steps", "1000000", "--timeout", str(timeout), *extra]
     job = subprocess.Popen(cmd, cwd=program.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
         for line in job.stdout:
-            if line.startswith("step 5 "):
+            if line.startswith(after):
                 break
         else:
-            pytest.fail(f"the job ended before step 5: {job.wait()} {job.stderr.read()[-3000:]}")
+            pytest.fail(f"the job ended before {after!r}: {job.wait()} {job.stderr.read()[-3000:]}")
         os.kill(_rank_pids(job.pid)[1], sig)
         hurt = time.monotonic()
         _, err = job.communicate(timeout=180)
@@ -81,3 +82,24 @@ def test_a_rank_that_stops_or_dies_ends_the_job(program, sig):
     ours = [line for line in err.splitlines() if line.startswith("rank 0:")]
     assert len(ours) == 1 and "a peer rank stopped or left" in ours[0], err[-3000:]
     assert "File \"" + str(program) not in err, "a traceback from the program"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks through /proc")
+def test_a_rank_killed_while_saving_every_step_leaves_a_usable_latest(program, tmp_path):
+    """Saving every step, a rank dies (most of a step is its save): whatever it interrupted,
+    ``latest`` names a complete checkpoint that passes every check and resumes on one rank."""
+    from hapc.runtime import checkpoint as K
+    from tests.runs import torchrun
+
+    ck = tmp_path / "ck"
+    status, err, _ = _run_and_hurt(program, signal.SIGKILL, 10, "--save", str(ck), "--save-every", "1",
+                                   "--keep", "3", after="saved ")
+    assert status != 0
+    directory, manifest = K.read_manifest(ck)            # every file present, sizes and CRCs right
+    assert directory.name == (ck / K.LATEST).read_text().strip()
+    assert len(list(ck.glob("step-*"))) <= 4             # --keep 3, plus the one being written
+    one = emit_model("mlp", plan_for("mlp", "dp-even", load_cluster(
+        {"name": "cpu1", "nodes": [{"devices": [{"type": "cpu", "count": 1}], "intra_link": "loopback"}]})),
+        tmp_path / "one")
+    resumed = torchrun(one, 1, "--steps", "1", "--load", str(ck))
+    assert resumed.returncode == 0 and f"at step {manifest['progress']['step']}" in resumed.stdout, resumed.stderr
