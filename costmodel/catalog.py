@@ -77,6 +77,10 @@ _DEVICE_ALIASES = {
     "GeForce-RTX-3090": "RTX3090", "GeForce-RTX-4090": "RTX4090", "MI250X": "MI250",
 }
 
+# Short names whose device also comes with another memory size: planning for the wrong one gives
+# plans that do not fit, or leave memory unused, so the choice is said out loud.
+_OTHER_MEMORY = {"V100": "V100-16GB", "A100": "A100-80GB"}
+
 _LINKS = [
     LinkSpec("nvlink1", 80, 3, "P100: 4 links x 20 GB/s"),
     LinkSpec("nvlink2", 150, 3, "V100: 6 links x 25 GB/s"),
@@ -120,6 +124,17 @@ _LINK_INDEX = _index(_LINKS, _LINK_ALIASES)
 def device_spec(name: str) -> DeviceSpec | None:
     """The catalog entry for a device type name, or None when unknown."""
     return _DEVICE_INDEX.get(normalize(name))
+
+
+def alias_note(name: str) -> str | None:
+    """What a short device name was read as, when the device also comes with another memory
+    size (``A100`` -> A100-40GB; the 80 GB one is ``A100-80GB``); None otherwise."""
+    for alias, other in _OTHER_MEMORY.items():
+        if normalize(name) == normalize(alias):
+            read, alt = device_spec(alias), device_spec(other)
+            return (f"type {name} is read as {read.name} ({read.memory_GB:g} GB); say {alt.name} if yours "
+                    f"has {alt.memory_GB:g} GB")
+    return None
 
 
 def link_spec(name: str) -> LinkSpec | None:

@@ -131,6 +131,8 @@ class Cluster:
     launch_latency_seconds: float = 5e-6
     comm_overlap: float = 1.0
     source: str = field(default="", compare=False)
+    # How the file was read where a reader should know (a short device name's memory size).
+    notes: list[str] = field(default_factory=list, compare=False, repr=False)
     # Per-op times measured on the device (costmodel.optable.OpTable), or None: roofline only.
     op_table: Any = field(default=None, compare=False)
     _kind_views: dict[str, Cluster] = field(default_factory=dict, init=False, repr=False, compare=False)

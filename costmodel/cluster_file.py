@@ -28,7 +28,7 @@ from math import isnan
 from pathlib import Path
 from typing import Any
 
-from costmodel.catalog import DTYPES, device_names, device_spec, link_names, link_spec
+from costmodel.catalog import DTYPES, alias_note, device_names, device_spec, link_names, link_spec
 from costmodel.cluster import Cluster, Device, Host, Link
 from costmodel.opclass import DEFAULT_EFFICIENCY
 from hapc.errors import UserError
@@ -57,6 +57,7 @@ class _Ctx:
 
     def __init__(self, file: str) -> None:
         self.file = file
+        self.notes: list[str] = []       # not errors: what a reader should know about how it was read
 
     def fail(self, path: str, message: str) -> UserError:
         return UserError(f"{path}: {message}" if path else message, where=self.file)
@@ -176,7 +177,8 @@ def parse_cluster(data: Any, file: str = "<cluster dict>") -> Cluster:
     name = data.get("name") or ""
     if not isinstance(name, str):
         name = str(name)
-    cluster = Cluster(devices, hosts, network, efficiency, name, allow_tf32, launch, overlap, source=file)
+    cluster = Cluster(devices, hosts, network, efficiency, name, allow_tf32, launch, overlap, source=file,
+                      notes=ctx.notes)
     if data.get("measured_ops") is not None:     # a plan's copy of the table it was priced with
         from costmodel.optable import OpTable, usable_table
 
@@ -240,6 +242,9 @@ def _device_group(ctx: _Ctx, path: str, g: Any) -> tuple[tuple[str, dict[str, fl
                            f"({known}, ...) or your own tflops, memory_GB, hbm_GBps")
         peaks = {k: v * 1e12 for k, v in spec.tflops.items()}
         memory, hbm = spec.memory_GB * 1e9, spec.hbm_GBps * 1e9
+        note = alias_note(str(g["type"])) if "memory_GB" not in g and "memory_bytes" not in g else None
+        if note is not None and not any(f" as {spec.name} " in n for n in ctx.notes):     # once per type
+            ctx.notes.append(f"{ctx.file}: {path}.{note}")
         name = name or spec.name
     if "tflops" in g or "peak_flops" in g:
         key, scale = ("tflops", 1e12) if "tflops" in g else ("peak_flops", 1.0)

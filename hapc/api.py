@@ -193,17 +193,23 @@ def _pipeline(planner, stages: int | str, microbatches: int | None, schedule: st
     return pipe
 
 
-def baseline(model: torch.nn.Module | Traced, inputs: Sequence[torch.Tensor] | None,
+def baseline(model: torch.nn.Module | Traced | str | os.PathLike, inputs: Sequence[torch.Tensor] | None,
              cluster: str | Mapping[str, Any] | Cluster, name: str, *, optimizer: str = "adamw",
              model_file: str | None = None, model_kwargs: Mapping[str, Any] | None = None,
-             precision: str = "fp32") -> Plan:
+             precision: str = "fp32", trace_cache: bool = True) -> Plan:
     """One of the standard strategies (``dp-even``, ``dp-flops``, ``megatron-tp``, ``zero3``)
-    as a plan, scored by the same cost model."""
+    as a plan, scored by the same cost model. ``model`` may be a model file's path, traced as
+    :func:`synthesize` traces it."""
     from costmodel.simulator import simulate
     from synth.baselines import baseline_program
 
     numerics = _precision(precision)
-    traced = _traced(model, inputs)
+    if isinstance(model, (str, os.PathLike)):
+        model_file = model_file or str(Path(model).resolve())
+        with _trace_file(model, model_kwargs or {}, trace_cache, None) as from_file:
+            traced = from_file.traced
+    else:
+        traced = _traced(model, inputs)
     cl = load_cluster(cluster)
     program = baseline_program(name, autocast_graph(traced.graph, numerics.name), cl)
     return Plan(program, cl, simulate(program, cl, optimizer=optimizer), name, {}, {},

@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hapc", description="Compile a single-device PyTorch training program into a fast SPMD "
                                  "program for a heterogeneous cluster.")
+    from hapc import __version__
+
+    parser.add_argument("--version", action="version", version=f"hapc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.add_parser(sub)

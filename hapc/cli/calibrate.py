@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from hapc.cli.common import SET_HELP, progress
+from hapc.cli.common import SET_HELP, key_value, progress
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -17,7 +17,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                      "before/after; --write puts the fitted values into the cluster file.")
     cal.add_argument("model", metavar="MODEL.py")
     cal.add_argument("--cluster", required=True, metavar="CLUSTER.yaml")
-    cal.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
+    cal.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=key_value, help=SET_HELP)
     cal.add_argument("--plans", default="dp-even,dp-flops,megatron-tp,zero3,hapc",
                      help="comma-separated plans to run (baselines and 'hapc', the synthesized one); "
                           "'none' refits the --runs file without running")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,7 +22,8 @@ def run(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan)
     golden = Plan.load(args.baseline)
     if plan.graph.hash() != golden.graph.hash():
-        print(f"hapc check: the plans are for different graphs ({plan.graph.hash()} vs {golden.graph.hash()})")
+        print(f"hapc check: the plans are for different graphs ({plan.graph.hash()} vs {golden.graph.hash()})"
+              f"{_why_different(plan, golden)}")
         return 1
     if not plan.fits:
         print("hapc check: FAILED: the plan does not fit in memory")
@@ -31,3 +33,24 @@ def run(args: argparse.Namespace) -> int:
     print(f"hapc check: {verdict}: {plan.cost * 1e3:.4f} ms/iter vs golden {golden.cost * 1e3:.4f} ms "
           f"({(plan.cost / golden.cost - 1) * 100:+.2f}%, tolerance {args.tolerance * 100:.1f}%)")
     return 0 if verdict == "ok" else 1
+
+
+def _why_different(plan, golden) -> str:
+    """The settings that differ between two plans' models (``--set`` values, the model file,
+    precision), as the reason their graphs differ: ": dropout is 0.1 here, 0.0 in the golden"."""
+    mine, theirs = plan.model.get("kwargs", {}), golden.model.get("kwargs", {})
+    diffs = [f"{k} is {_shown(mine, k)} here, {_shown(theirs, k)} in the golden"
+             for k in sorted(set(mine) | set(theirs)) if mine.get(k, _UNSET) != theirs.get(k, _UNSET)]
+    file, golden_file = plan.model.get("file"), golden.model.get("file")
+    if file and golden_file and Path(file).name != Path(golden_file).name:
+        diffs.insert(0, f"the model file is {Path(file).name} here, {Path(golden_file).name} in the golden")
+    if plan.precision.name != golden.precision.name:
+        diffs.append(f"precision is {plan.precision.name} here, {golden.precision.name} in the golden")
+    return (": " + "; ".join(diffs)) if diffs else ""
+
+
+_UNSET = object()
+
+
+def _shown(kwargs: dict, key: str) -> str:
+    return repr(kwargs[key]) if key in kwargs else "the model file's default"

@@ -15,6 +15,14 @@ from hapc.errors import UserError
 SET_HELP = "override a keyword argument of model()/inputs(), e.g. --set layers=2"
 
 
+def key_value(text: str) -> str:
+    """An argparse type for ``--set``: KEY=VALUE, or a usage error that shows the form."""
+    key, sep, _ = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, e.g. --set layers=2 (got {text!r})")
+    return text
+
+
 def progress(args: argparse.Namespace) -> Callable[[str], None]:
     """Where a command's progress lines go: stderr, or nowhere with ``--quiet``."""
     if getattr(args, "quiet", False):
@@ -34,6 +42,13 @@ def transient(msg: str, *, quiet: bool) -> Iterator[None]:
     finally:
         if show:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+
+def print_notes(notes: list[str], args: argparse.Namespace) -> None:
+    """How an input was read, where the user should know (``hapc: note: ...``), unless --quiet."""
+    if not getattr(args, "quiet", False):
+        for note in notes:
+            print(f"hapc: note: {note}", file=sys.stderr)
 
 
 def check_precision(name: str) -> None:

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from hapc.cli.common import SET_HELP, check_precision, output_folder, progress, transient
+from hapc.cli.common import SET_HELP, check_precision, key_value, output_folder, print_notes, progress, transient
 from hapc.errors import UserError
 
 
@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     comp.add_argument("model", metavar="MODEL.py")
     comp.add_argument("--cluster", required=True, metavar="CLUSTER.yaml")
     comp.add_argument("-o", "--output", default="out", metavar="OUT", help="output folder (default: out)")
-    comp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
+    comp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=key_value, help=SET_HELP)
     comp.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                       help="stop the search after this long and keep the best plan found (with its gap)")
     comp.add_argument("--optimizer", default="adamw", help="optimizer whose state memory to plan for")
@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         from costmodel.cluster import load_cluster
 
         loaded.append(load_cluster(args.cluster))     # bad cluster files fail before any tracing
+        print_notes(loaded[0].notes, args)
         _import_planning(emit=not args.no_emit)
 
     def note(msg: str) -> None:          # why the cache was not used or written: not an error
@@ -86,10 +87,15 @@ def _plan_and_write(args: argparse.Namespace, from_file, cluster, overrides: dic
         print(f"hapc: warning: no sharding rule, these run replicated: {ops}", file=sys.stderr)
     how = "from the trace cache" if getattr(traced, "from_cache", False) else "traced"
     say(f"{len(traced.graph.nodes)} nodes {how} in {traced.seconds:.1f} s; searching")
-    plan = synthesize(from_file, None, cluster, time_budget=args.time_budget, optimizer=args.optimizer,
-                      model_file=str(Path(args.model).resolve()), model_kwargs=overrides, progress=say,
-                      precision=args.precision, stages=_stages(args.stages), microbatches=args.microbatches,
-                      schedule=args.schedule, backend=_lp_backend())
+    from synth.loads import MemoryInfeasible
+
+    try:
+        plan = synthesize(from_file, None, cluster, time_budget=args.time_budget, optimizer=args.optimizer,
+                          model_file=str(Path(args.model).resolve()), model_kwargs=overrides, progress=say,
+                          precision=args.precision, stages=_stages(args.stages), microbatches=args.microbatches,
+                          schedule=args.schedule, backend=_lp_backend())
+    except MemoryInfeasible as exc:
+        raise UserError(f"{exc}; to try: {_memory_levers(args)}") from None
     wrote = ["plan.json", "report.md"] + ([] if args.no_emit else ["program.py"])
     with output_folder(args.output) as out:
         plan.save(out / "plan.json")
@@ -106,6 +112,17 @@ def _plan_and_write(args: argparse.Namespace, from_file, cluster, overrides: dic
         print("run it: " + lines[0] if len(lines) == 1 else "run it, one line per node (NODE0_ADDRESS: node 0's "
               "address; every node may also be this host):\n  " + "\n  ".join(lines))
     return 0
+
+
+def _memory_levers(args: argparse.Namespace) -> str:
+    """What a compile that found no plan in memory could try next, of what it did not try."""
+    levers = []
+    if args.stages is None:
+        levers.append("pipeline stages over device groups (--stages auto)")
+    if args.precision == "fp32":
+        levers.append("bf16 activations (--precision bf16)")
+    levers += ["a smaller batch (--set batch=N, if the model file takes it)", "a cluster with more memory"]
+    return ", ".join(levers)
 
 
 def _lp_backend() -> str:

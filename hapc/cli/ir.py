@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hapc.cli.common import SET_HELP
+from hapc.cli.common import SET_HELP, key_value
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -13,7 +13,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                     "node: op, output shape, forward/backward FLOPs, the sharding strategies "
                                     "its rule allows, and the user's source line.")
     ir.add_argument("model", metavar="MODEL.py")
-    ir.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
+    ir.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=key_value, help=SET_HELP)
     ir.add_argument("--meta", action="store_true", help="build the model on the meta device (no weights)")
     ir.add_argument("--no-layouts", action="store_true", help="do not list the allowed layouts")
     ir.add_argument("--limit", type=int, default=None, help="print at most this many nodes")

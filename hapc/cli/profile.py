@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hapc.cli.common import check_precision, progress
+from hapc.cli.common import check_precision, key_value, progress
 from hapc.errors import UserError
 
 
@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     prof.add_argument("--model", default=None, metavar="MODEL.py",
                       help="also time every distinct op of this model (forward and backward, shard sizes) on "
                            "one device; stored beside the cluster file (CLUSTER.ops.json), used by the cost model")
-    prof.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model config override")
+    prof.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=key_value, help="model config override")
     prof.add_argument("--precision", default="fp32", metavar="fp32|bf16", help="time the model's ops as this "
                       "precision runs them (bf16: under autocast)")
     prof.add_argument("--ops-only", action="store_true",

@@ -9,7 +9,7 @@ import functools
 import time
 from pathlib import Path
 
-from hapc.cli.common import output_folder, progress
+from hapc.cli.common import output_folder, print_notes, progress
 from hapc.errors import UserError
 
 
@@ -75,6 +75,7 @@ def _replan(args: argparse.Namespace) -> int:
     survivors = list(range(old.cluster.world))
     if args.cluster:
         cluster = load_cluster(args.cluster)
+        print_notes(cluster.notes, args)
         survivors = survivors if cluster.world == old.cluster.world else None
     else:
         cluster = old.cluster

@@ -16,8 +16,20 @@ def node_sizes(cluster: Cluster) -> tuple[int, ...]:
     return tuple(len(h.devices) for h in cluster.nodes)
 
 
-def launch_lines(cluster: Cluster, program: str, extra: str = "--device cpu --verify") -> list[str]:
-    """``torchrun`` lines for ``program``: one for a one-node cluster, else one per node."""
+def run_device(cluster: Cluster) -> str:
+    """``cuda`` when every device of the cluster is a GPU of the catalog, else ``cpu`` (CPU ranks,
+    and devices described by their own numbers, as the examples' CPU stand-ins are)."""
+    from costmodel.catalog import device_spec
+
+    gpus = [device_spec(d.type) for d in cluster.devices]
+    return "cuda" if all(spec is not None and spec.name != "cpu" for spec in gpus) else "cpu"
+
+
+def launch_lines(cluster: Cluster, program: str, extra: str | None = None) -> list[str]:
+    """``torchrun`` lines for ``program``: one for a one-node cluster, else one per node;
+    ``extra`` (default: ``--device cpu|cuda --verify``, see :func:`run_device`) follows it."""
+    if extra is None:
+        extra = f"--device {run_device(cluster)} --verify"
     sizes = node_sizes(cluster)
     tail = f" {extra}" if extra else ""
     if len(sizes) == 1:

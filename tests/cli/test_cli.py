@@ -161,3 +161,51 @@ def test_an_output_under_a_file_is_one_line(tmp_path, capsys):
     assert main(["compile", MLP, "--cluster", SMALL_MIXED, "-q", "--no-trace-cache", "-o", str(out), *MLP_SMALL]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith(f"hapc: {out}: cannot write the output")
+
+
+def test_no_plan_in_memory_names_the_levers_to_try(tmp_path, capsys):
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text("nodes:\n  - devices: [{name: tiny, tflops: 1, memory_GB: 0.00001, hbm_GBps: 10, count: 2}]\n"
+                    "    intra_link: loopback\n")
+    assert main(["compile", MLP, "--cluster", str(tiny), "-q", "--no-trace-cache", "-o", str(tmp_path / "o"),
+                 *MLP_SMALL]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "does not fit" in err and "GB missing on tiny#0" in err
+    assert err.endswith("; to try: pipeline stages over device groups (--stages auto), bf16 activations "
+                        "(--precision bf16), a smaller batch (--set batch=N, if the model file takes it), "
+                        "a cluster with more memory")
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"hapc {hapc.__version__}"
+
+
+def test_set_without_equals_shows_the_form(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["compile", MLP, "--cluster", SMALL_MIXED, "--set", "layers", "2"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2
+    assert "argument --set: expected KEY=VALUE, e.g. --set layers=2 (got 'layers')" in err
+
+
+def test_baseline_takes_a_model_file_as_synthesize_does(tmp_path, monkeypatch):
+    monkeypatch.setenv("HAPC_CACHE_DIR", str(tmp_path / "cache"))
+    kwargs = {"layers": 2, "features": 12, "hidden": 16, "classes": 5, "batch": 4}
+    plan = hapc.baseline(MLP, None, SMALL_MIXED, "dp-even", model_kwargs=kwargs)
+    assert plan.name == "dp-even" and plan.model["file"] == MLP and plan.model["kwargs"] == kwargs
+    assert plan.cost == hapc.synthesize(MLP, None, SMALL_MIXED, model_kwargs=kwargs).baselines["dp-even"]
+
+
+def test_check_names_the_settings_that_differ(tmp_path, capsys):
+    golden = ROOT / "tests" / "golden" / "gpt-small-mixed.json"
+    sets = ["--set", "layers=2", "--set", "hidden=64", "--set", "heads=4", "--set", "seq=16", "--set", "vocab=101",
+            "--set", "batch=5"]          # no dropout=0.0: the golden's graph has none
+    assert main(["compile", str(ROOT / "configs" / "models" / "gpt.py"), "--cluster", SMALL_MIXED, "-q",
+                 "--no-emit", "--no-trace-cache", "-o", str(tmp_path / "o"), *sets]) == 0
+    capsys.readouterr()
+    assert main(["check", str(tmp_path / "o" / "plan.json"), "--baseline", str(golden)]) == 1
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("hapc check: the plans are for different graphs (")
+    assert out.endswith(": dropout is the model file's default here, 0.0 in the golden")

@@ -206,3 +206,12 @@ def test_a_cluster_too_large_to_plan_is_refused_before_any_device_is_built(node_
     finally:
         tracemalloc.stop()
     assert peak < 10**7
+
+
+def test_a_short_name_with_two_memory_sizes_is_noted_once():
+    spec = {"nodes": [{"devices": [{"type": "A100", "count": 2}, {"type": "a100", "count": 1},
+                                   {"type": "V100", "count": 1, "memory_GB": 16}], "intra_link": "nvlink3"}]}
+    cluster = load_cluster(spec)
+    assert cluster.notes == ["<cluster dict>: nodes[0].devices[0].type A100 is read as A100-40GB (40 GB); "
+                             "say A100-80GB if yours has 80 GB"]
+    assert load_cluster({"nodes": [{"devices": [{"type": "A100-80GB", "count": 1}]}]}).notes == []

@@ -218,8 +218,9 @@ def test_compile_prints_one_torchrun_line_per_node():
     assert len(lines) == 2
     assert "--nnodes=2 --node_rank=0 --nproc_per_node=4" in lines[0]
     assert "--nnodes=2 --node_rank=1 --nproc_per_node=4" in lines[1]
-    assert launch_lines(load_cluster(str(REPO / "configs" / "clusters" / "cpu4.yaml")), "p.py")[0] \
-        .startswith("torchrun --nproc_per_node=4 p.py")
+    assert all(line.split("#")[0].rstrip().endswith("out/program.py --device cuda --verify") for line in lines)
+    assert launch_lines(load_cluster(str(REPO / "configs" / "clusters" / "cpu4.yaml")), "p.py") == \
+        ["torchrun --nproc_per_node=4 p.py --device cpu --verify"]
 
 
 # ---- launching across nodes -------------------------------------------------------------------------
