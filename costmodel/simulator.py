@@ -133,6 +133,29 @@ class SimResult:
             "fits": self.memory.fits,
         }
 
+    def _rows(self) -> list[str]:
+        """One table row per rank, without its rank and node columns."""
+        ms = 1e3
+        fits, peaks = self.memory.fits, self.peak_memory_bytes      # once, not once per row
+        rows = []
+        for r, dev in enumerate(self.cluster.devices):
+            fit = "" if fits[r] else "  (does not fit)"
+            rows.append(f"{dev.type:<12} {self.shares[r]:6.3f} {self.compute_seconds[r] * ms:11.3f} "
+                        f"{self.comm_seconds[r] * ms:9.3f} {self.idle_seconds[r] * ms:9.3f} "
+                        f"{peaks[r] / 1e9:10.3f} {dev.memory_bytes / 1e9:7.1f}{fit}")
+        return rows
+
+    def row_groups(self, rows: list[str] | None = None) -> list[tuple[int, int]]:
+        """(first rank, last rank + 1) of each row the per-device table shows: one per rank up to
+        TABLE_ROWS_BEFORE_GROUPING devices, beyond that one per run of consecutive ranks whose rows
+        read the same ("0-127" on nodes "0-15"): 256 identical rows hide what differs. The
+        report's chart groups its bars the same way."""
+        rows = self._rows() if rows is None else rows
+        starts = list(range(len(rows)))
+        if len(rows) > TABLE_ROWS_BEFORE_GROUPING:
+            starts = [r for r in starts if r == 0 or rows[r] != rows[r - 1]]
+        return list(zip(starts, [*starts[1:], len(rows)]))
+
     def table(self) -> str:
         ms = 1e3
         lines = [
@@ -142,18 +165,8 @@ class SimResult:
             (f"gradient all-reduce {self.grad_sync_seconds * ms:.3f} ms, "
              f"{self.exposed_grad_sync_seconds * ms:.3f} ms of it not hidden by backward"),
         ]
-        fits, peaks = self.memory.fits, self.peak_memory_bytes      # once, not once per row
-        rows = []
-        for r, dev in enumerate(self.cluster.devices):
-            fit = "" if fits[r] else "  (does not fit)"
-            rows.append(f"{dev.type:<12} {self.shares[r]:6.3f} {self.compute_seconds[r] * ms:11.3f} "
-                        f"{self.comm_seconds[r] * ms:9.3f} {self.idle_seconds[r] * ms:9.3f} "
-                        f"{peaks[r] / 1e9:10.3f} {dev.memory_bytes / 1e9:7.1f}{fit}")
-        # Beyond TABLE_ROWS_BEFORE_GROUPING devices, one row per run of consecutive ranks that
-        # read the same ("0-127" on nodes "0-15"): 256 identical rows hide what differs.
-        starts = list(range(len(rows)))
-        if len(rows) > TABLE_ROWS_BEFORE_GROUPING:
-            starts = [r for r in starts if r == 0 or rows[r] != rows[r - 1]]
+        rows = self._rows()
+        starts = [a for a, _ in self.row_groups(rows)]
         ends = [*starts[1:], len(rows)]
         width = 4 if len(starts) == len(rows) else 7
 

@@ -15,20 +15,23 @@ if TYPE_CHECKING:
 MS = 1e3
 GB = 1e9
 
-# Up to this many devices the chart has one bar per rank; beyond, one per run of consecutive
-# ranks with the same device and the same figures (no one reads 256 bars).
+# Up to this many devices the chart has one bar per rank; beyond, one per row of the summary
+# table (a run of alike ranks; no one reads 256 bars).
 BARS_BEFORE_GROUPING = 32
 
 
 def facts(plan: Plan) -> dict[str, Any]:
-    """What the text and notebook views show, as plain numbers (milliseconds, gigabytes)."""
+    """What the text and notebook views show, as plain numbers (milliseconds, gigabytes); the
+    device rows are the summary table's (alike ranks in one row beyond 32 devices)."""
     sim = plan.sim
     devices = []
     totals, fits = sim.memory.totals, sim.memory.fits        # once, not once per device
-    for rank, dev in enumerate(plan.cluster.devices):
+    for rank, last in sim.row_groups():       # a row per rank, or per run of alike ranks (as the table)
+        dev = plan.cluster.devices[rank]
         used, capacity = totals[rank], dev.memory_bytes
         devices.append({
-            "rank": rank, "node": dev.node, "device": dev.type, "share": plan.ratios[rank],
+            "rank": str(rank) if last - rank == 1 else f"{rank}-{last - 1}", "count": last - rank,
+            "node": dev.node, "device": dev.type, "share": plan.ratios[rank],
             "compute_ms": sim.compute_seconds[rank] * MS, "comm_ms": sim.comm_seconds[rank] * MS,
             "idle_ms": sim.idle_seconds[rank] * MS, "memory_GB": used / GB, "capacity_GB": capacity / GB,
             "memory_used": used / capacity if capacity else float("nan"), "fits": fits[rank],
@@ -79,7 +82,13 @@ def chart(plan: Plan) -> Chart:
         title = "time per device by pipeline stage"
     memory_gb = [b / GB for b in plan.memory]
     capacity_gb = [d.memory_bytes / GB for d in plan.cluster.devices]
-    if len(labels) > BARS_BEFORE_GROUPING:
+    if len(labels) > BARS_BEFORE_GROUPING and plan.pipeline is None:     # the summary table's rows
+        groups = plan.sim.row_groups()
+        firsts = [a for a, _ in groups]
+        labels = [labels[a] if b - a == 1 else f"{a}-{b - 1}:{labels[a].split(':', 1)[1]}" for a, b in groups]
+        series = [[s[r] for r in firsts] for s in series]
+        memory_gb, capacity_gb = [memory_gb[r] for r in firsts], [capacity_gb[r] for r in firsts]
+    elif len(labels) > BARS_BEFORE_GROUPING:
         firsts, labels = rank_runs(labels, *series, memory_gb, capacity_gb)
         series = [[s[r] for r in firsts] for s in series]
         memory_gb, capacity_gb = [memory_gb[r] for r in firsts], [capacity_gb[r] for r in firsts]

@@ -34,6 +34,7 @@ def _headline(f: dict) -> str:
     return f"predicted time per iteration: {f['iteration_ms']:.3f} ms{gap}{fit}"
 
 
+ROWS_SHOWN = 12          # device rows before the rest fold away (alike ranks share a row beyond 32)
 DEVICE_COLUMNS = ("rank", "device", "share", "compute ms", "comm ms", "idle ms", "memory GB", "of GB", "used")
 
 
@@ -51,7 +52,11 @@ def plan_markdown(plan: Plan, chart: bool = True) -> str:
         lines += [f"| {name} | {ms:.3f} | {speedup:.2f}x |" for name, ms, speedup in f["baselines"]]
         lines.append("")
     lines += ["| " + " | ".join(DEVICE_COLUMNS) + " |", "|" + "---:|" * len(DEVICE_COLUMNS)]
-    lines += ["| " + " | ".join(_device_cells(d)) + " |" for d in f["devices"]]
+    shown, rest = f["devices"][:ROWS_SHOWN], f["devices"][ROWS_SHOWN:]
+    lines += ["| " + " | ".join(_device_cells(d)) + " |" for d in shown]
+    if rest:
+        lines += ["", f"... and {len(rest)} more rows ({sum(d['count'] for d in rest)} devices): plan.summary() "
+                      "lists them all"]
     uri = _chart_data_uri(plan) if chart else None
     if uri:
         lines += ["", f"![per-device time and memory]({uri})"]
@@ -69,9 +74,14 @@ def plan_html(plan: Plan, chart: bool = True) -> str:
         parts.append("<table><tr><th>baseline</th><th>predicted ms</th><th>speed-up of this plan</th></tr>"
                      f"{rows}</table>")
     head = "".join(f"<th>{esc(c)}</th>" for c in DEVICE_COLUMNS)
-    body = "".join("<tr>" + "".join(f"<td {cell}>{esc(c)}</td>" for c in _device_cells(d)) + "</tr>"
-                   for d in f["devices"])
-    parts.append(f"<table><tr>{head}</tr>{body}</table>")
+    def rows(devices: list[dict]) -> str:
+        return "".join("<tr>" + "".join(f"<td {cell}>{esc(c)}</td>" for c in _device_cells(d)) + "</tr>"
+                       for d in devices)
+    shown, rest = f["devices"][:ROWS_SHOWN], f["devices"][ROWS_SHOWN:]
+    parts.append(f"<table><tr>{head}</tr>{rows(shown)}</table>")
+    if rest:        # expanded on demand: the page stays short on any cluster size
+        parts.append(f"<details><summary>{len(rest)} more rows ({sum(d['count'] for d in rest)} devices)</summary>"
+                     f"<table><tr>{head}</tr>{rows(rest)}</table></details>")
     uri = _chart_data_uri(plan) if chart else None
     if uri:
         parts.append(f'<img alt="per-device time and memory" src="{uri}"/>')

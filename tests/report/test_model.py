@@ -56,3 +56,30 @@ def test_a_chart_groups_alike_ranks_on_large_clusters():
 def test_rank_runs_split_where_the_device_or_a_figure_changes():
     labels = ["0:A", "1:A", "2:A", "3:B"]
     assert rank_runs(labels, [1.0, 1.0, 2.0, 2.0]) == ([0, 2, 3], ["0-1:A", "2:A", "3:B"])
+
+
+def test_the_chart_and_the_notebook_group_ranks_as_the_summary_table():
+    plan = _plan((24, 24))
+    groups = plan.sim.row_groups()
+    assert 1 < len(groups) < plan.cluster.world
+    c, f = chart(plan), facts(plan)
+    assert [label.split(":")[0] for label in c.labels] == [str(a) if b - a == 1 else f"{a}-{b - 1}" for a, b in groups]
+    assert [d["rank"] for d in f["devices"]] == [label.split(":")[0] for label in c.labels]
+    table_ranks = [line.split()[0] for line in plan.sim.table().splitlines()[3:]]
+    assert table_ranks == [d["rank"] for d in f["devices"]]
+
+
+def test_the_notebook_shows_at_most_twelve_rows_and_folds_the_rest():
+    from hapc.report.notebook import ROWS_SHOWN, plan_html, plan_markdown
+
+    cluster = {"name": "many", "nodes": [{"devices": [
+        {"name": f"d{i}", "tflops": 1.0 + i / 10, "memory_GB": 8, "hbm_GBps": 20, "count": 1} for i in range(40)],
+        "intra_link": "loopback"}]}
+    torch.manual_seed(0)
+    plan = hapc.baseline(Loss(), (torch.randn(80, 12), torch.randint(0, 4, (80,))), cluster, "dp-flops")
+    assert len(facts(plan)["devices"]) == 40            # 40 distinct devices: no run to group
+    html = plan_html(plan, chart=False)
+    assert html.count("<tr>") == 1 + ROWS_SHOWN + 1 + (40 - ROWS_SHOWN) and "<details><summary>28 more rows" in html
+    md = plan_markdown(plan, chart=False)
+    assert sum(line.startswith("| ") for line in md.splitlines()) == 1 + ROWS_SHOWN
+    assert "... and 28 more rows (28 devices)" in md
