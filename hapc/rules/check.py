@@ -11,7 +11,7 @@ float inputs, with the single-device result. A strategy that disagrees is a *wro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,13 +191,33 @@ def check_rule(rule: Rule, shares: Sequence[float] = DEFAULT_SHARES, report: Rep
     return report
 
 
-def check_all(ops: Sequence[str] | None = None, shares: Sequence[float] = DEFAULT_SHARES) -> Report:
+def check_all(ops: Sequence[str] | None = None, shares: Sequence[float] = DEFAULT_SHARES,
+              progress: Callable[[int, int, str], None] | None = None) -> Report:
+    """Check the rules of ``ops`` (default: every op with a rule); ``progress(done, total, op)``
+    is called before each rule is checked."""
     report = Report()
-    for op, rule in rules().items():
-        if ops and op not in ops:
-            continue
+    chosen = [(op, rule) for op, rule in rules().items() if not ops or op in ops]
+    for done, (op, rule) in enumerate(chosen):
+        if progress is not None:
+            progress(done, len(chosen), op)
         check_rule(rule, shares, report)
     return report
+
+
+def matching_ops(names: Sequence[str]) -> list[str]:
+    """The ops with rules that ``names`` name: a whole op (``aten.mm.default``) or its packet
+    (``mm``, ``aten.mm``: every overload). Raises ValueError naming a name that matches none."""
+    known = list(rules())
+    found: list[str] = []
+    for name in names:
+        bare = name.removeprefix("aten.")
+        hits = [op for op in known if op == name or op.split(".")[1] == bare]
+        if not hits:
+            close = sorted(op for op in known if bare and bare in op)[:5]
+            raise ValueError(f"no rule for an op named {name!r}" + (f"; did you mean {', '.join(close)}?" if close
+                                                                       else "; hapc rules lists them"))
+        found += [op for op in hits if op not in found]
+    return found
 
 
 def _aten(op: str):

@@ -209,3 +209,14 @@ def test_check_names_the_settings_that_differ(tmp_path, capsys):
     out = capsys.readouterr().out.strip()
     assert out.startswith("hapc check: the plans are for different graphs (")
     assert out.endswith(": dropout is the model file's default here, 0.0 in the golden")
+
+
+def test_rules_check_one_op_with_progress(capsys):
+    assert main(["rules", "--check", "--op", "mm"]) == 0
+    captured = capsys.readouterr()
+    assert "checking rule 1/1: aten.mm.default" in captured.err
+    assert captured.out.strip().endswith("1 ops with rules, 1 samples, 6 strategies checked: 0 wrong, 0 without samples")
+    assert main(["rules", "--check", "--op", "nosuchop"]) == 2
+    assert capsys.readouterr().err.strip() == "hapc rules: no rule for an op named 'nosuchop'; hapc rules lists them"
+    assert main(["rules", "--op", "mm"]) == 2
+    assert "add --check" in capsys.readouterr().err
