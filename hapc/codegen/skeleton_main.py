@@ -241,14 +241,14 @@ def report_peak_memory(rank: int, device: torch.device) -> None:
 
 
 class StepWatchdog:
-    """Ends this rank, with one line, when no step has finished for ``seconds``: a peer that
-    stopped (SIGSTOP, a hung device, a lost node) would otherwise hold every rank until the
-    backend's own timeout, or forever. Disarmed around work whose length does not scale with a
-    step (loading, --verify's one-device reference, saving); the process group's timeout covers
-    a collective that waits inside those."""
+    """Ends this rank, with one line, when a step has run for 1.5x ``seconds``: the backstop
+    for a wait the process group's timeout (``seconds``, which fires first inside a collective)
+    does not cover, such as a device that hangs. Disarmed around work whose length does not
+    scale with a step (loading, --verify's one-device reference, saving); the process group's
+    timeout covers a collective that waits inside those."""
 
     def __init__(self, seconds: float, rank: int) -> None:
-        self.seconds, self.rank = seconds, rank
+        self.seconds, self.rank = 1.5 * seconds, rank
         self.last, self.armed, self.step = time.monotonic(), False, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="hapc-step-watchdog", daemon=True)
@@ -268,7 +268,7 @@ class StepWatchdog:
     def _watch(self) -> None:
         while not self._stop.wait(min(5.0, self.seconds / 4)):
             if self.armed and time.monotonic() - self.last > self.seconds:
-                print(f"rank {self.rank}: step {self.step + 1} made no progress for {self.seconds:g} s (--timeout): "
+                print(f"rank {self.rank}: step {self.step + 1} made no progress for {self.seconds:g} s (1.5x --timeout): "
                       "a peer rank stopped answering; ending this rank", file=sys.stderr, flush=True)
                 os._exit(1)
 
@@ -429,8 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not _peer_failure(exc):
             raise
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        print(f"rank {dist.get_rank()}: step {watchdog.step + 1}: a collective failed, a peer rank stopped or "
-              f"left ({first_line})", file=sys.stderr, flush=True)
+        print(f"rank {dist.get_rank()}: step {watchdog.step + 1}: a collective failed: a peer rank stopped answering "
+              f"or left ({first_line})", file=sys.stderr, flush=True)
         return 1
     finally:
         watchdog.stop()

@@ -79,3 +79,27 @@ def test_a_program_copied_without_its_siblings_says_so_in_one_line(program, tmp_
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert run.stderr.strip() == (f"program.py: hapc_local_ops.py is missing beside it in {tmp_path.resolve()} "
                                   "(copy the whole folder hapc wrote)")
+
+
+def test_the_step_watchdog_ends_a_rank_whose_step_stalls(program, monkeypatch, capsys):
+    """The backstop behind the process group's timeout: 1.5x --timeout after a step began, one
+    line and exit 1; disarmed (around saves and --verify's reference) it waits."""
+    import importlib.util
+    import threading
+
+    spec = importlib.util.spec_from_file_location("program_under_test", program)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ended = threading.Event()
+    monkeypatch.setattr(module.os, "_exit", lambda status: ended.set())
+    watchdog = module.StepWatchdog(0.2, rank=3)
+    watchdog.start()
+    try:
+        watchdog.beat(6, armed=False)
+        assert not ended.wait(0.6)                 # disarmed: no end however long
+        watchdog.beat(6)
+        assert ended.wait(5)
+    finally:
+        watchdog.stop()
+    assert capsys.readouterr().err.startswith("rank 3: step 7 made no progress for 0.3 s (1.5x --timeout): "
+                                              "a peer rank stopped answering; ending this rank")
