@@ -27,3 +27,18 @@ def test_each_command_has_its_own_module():
     parser = build_parser()
     (sub,) = [a for a in parser._actions if a.dest == "command"]
     assert list(sub.choices) == [c.__name__.rsplit(".", 1)[1].replace("_", "-") for c in COMMANDS]
+
+
+def test_every_command_has_examples_and_every_argument_a_help_text():
+    import argparse
+
+    from hapc.cli import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if a.dest == "command"]
+    missing = []
+    for name, parser in sub.choices.items():
+        if not (parser.epilog or "").startswith("examples:\n"):
+            missing.append(f"hapc {name}: no examples")
+        missing += [f"hapc {name} {'/'.join(a.option_strings) or a.dest}: no help" for a in parser._actions
+                    if not isinstance(a, argparse._HelpAction) and not a.help]
+    assert not missing, "\n".join(missing)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from hapc.cli.common import SET_HELP, key_value, progress
+from hapc.cli.common import SET_HELP, examples, key_value, progress
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -14,9 +14,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          description="Emit and run the baselines and the synthesized plan of MODEL.py on this "
                                      "machine, compare measured with predicted step times (rank correlation, "
                                      "median error), fit efficiency, launch and link scales, and report "
-                                     "before/after; --write puts the fitted values into the cluster file.")
-    cal.add_argument("model", metavar="MODEL.py")
-    cal.add_argument("--cluster", required=True, metavar="CLUSTER.yaml")
+                                     "before/after; --write puts the fitted values into the cluster file.",
+                     **examples(
+                             'hapc calibrate configs/models/gpt.py --cluster cluster.yaml --repeats 2 --write'))
+    cal.add_argument("model", metavar="MODEL.py", help="the model file: model() and inputs(), see configs/models/README.md")
+    cal.add_argument("--cluster", required=True, metavar="CLUSTER.yaml",
+                      help="the cluster file (YAML: nodes, devices, links), e.g. configs/clusters/small-mixed.yaml")
     cal.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=key_value, help=SET_HELP)
     cal.add_argument("--plans", default="dp-even,dp-flops,megatron-tp,zero3,hapc",
                      help="comma-separated plans to run (baselines and 'hapc', the synthesized one); "

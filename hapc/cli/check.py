@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+
+from hapc.cli.common import examples
 from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     chk = sub.add_parser("check", help="CI regression: fail when a plan got worse than a golden one",
                          description="Exit 1 when PLAN.json is predicted slower than GOLDEN.json by more "
-                                     "than the tolerance, does not fit in memory, or is for another graph.")
-    chk.add_argument("plan", metavar="PLAN.json")
-    chk.add_argument("--baseline", required=True, metavar="GOLDEN.json")
+                                     "than the tolerance, does not fit in memory, or is for another graph.",
+                     **examples(
+                             'hapc check out/plan.json --baseline tests/golden/gpt-small-mixed.json --tolerance 0.05'))
+    chk.add_argument("plan", metavar="PLAN.json", help="a plan.json that hapc compile or replan wrote")
+    chk.add_argument("--baseline", required=True, metavar="GOLDEN.json", help="the golden plan to compare with")
     chk.add_argument("--tolerance", type=float, default=0.02, help="allowed relative slow-down (default 0.02)")
     chk.set_defaults(func=run)
 

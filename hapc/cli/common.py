@@ -15,6 +15,20 @@ from hapc.errors import UserError
 SET_HELP = "override a keyword argument of model()/inputs(), e.g. --set layers=2"
 
 
+class ExamplesFormatter(argparse.HelpFormatter):
+    """argparse's formatter, except that an epilog starting with "examples:" keeps its lines."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("examples:"):
+            return "\n".join(indent + line for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
+
+
+def examples(*lines: str) -> dict:
+    """``add_parser`` keywords for a command's examples, shown under its --help."""
+    return {"epilog": "examples:\n" + "\n".join(f"  {line}" for line in lines), "formatter_class": ExamplesFormatter}
+
+
 def key_value(text: str) -> str:
     """An argparse type for ``--set``: KEY=VALUE, or a usage error that shows the form."""
     key, sep, _ = text.partition("=")

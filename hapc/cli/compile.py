@@ -13,16 +13,21 @@ import sys
 import time
 from pathlib import Path
 
-from hapc.cli.common import SET_HELP, check_precision, key_value, output_folder, print_notes, progress, transient
+from hapc.cli.common import SET_HELP, check_precision, examples, key_value, output_folder, print_notes, progress, transient
 from hapc.errors import UserError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     comp = sub.add_parser("compile", help="plan a model file for a cluster and emit the SPMD program",
                           description="Trace MODEL.py, search for the fastest SPMD program on the cluster, "
-                                      "and write OUT/plan.json, OUT/report.md and OUT/program.py.")
-    comp.add_argument("model", metavar="MODEL.py")
-    comp.add_argument("--cluster", required=True, metavar="CLUSTER.yaml")
+                                      "and write OUT/plan.json, OUT/report.md and OUT/program.py.",
+                     **examples(
+                             'hapc compile configs/models/gpt.py --cluster configs/clusters/small-mixed.yaml -o out --set dropout=0.0',
+                             'hapc compile model.py --cluster cluster.yaml --stages auto --precision bf16 -o out',
+                             'torchrun --nproc_per_node=4 out/program.py --device cpu --verify      # then run what it wrote'))
+    comp.add_argument("model", metavar="MODEL.py", help="the model file: model() and inputs(), see configs/models/README.md")
+    comp.add_argument("--cluster", required=True, metavar="CLUSTER.yaml",
+                      help="the cluster file (YAML: nodes, devices, links), e.g. configs/clusters/small-mixed.yaml")
     comp.add_argument("-o", "--output", default="out", metavar="OUT", help="output folder (default: out)")
     comp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=key_value, help=SET_HELP)
     comp.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",

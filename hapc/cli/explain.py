@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 
+from hapc.cli.common import examples
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     exp = sub.add_parser("explain", help="show each step of a plan, its layouts and what it costs",
                          description="For every node: the strategy chosen, the collectives around it, "
-                                     "the time they take, and the user's source line.")
-    exp.add_argument("plan", metavar="PLAN.json")
+                                     "the time they take, and the user's source line.",
+                     **examples(
+                             'hapc explain out/plan.json --limit 40'))
+    exp.add_argument("plan", metavar="PLAN.json", help="a plan.json that hapc compile or replan wrote")
     exp.add_argument("--limit", type=int, default=None, help="show at most this many steps")
     exp.set_defaults(func=run)
 

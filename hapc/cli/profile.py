@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hapc.cli.common import check_precision, key_value, progress
+from hapc.cli.common import check_precision, examples, key_value, progress
 from hapc.errors import UserError
 
 
@@ -16,8 +16,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                           description="Start N ranks (or run under torchrun), measure matmul FLOPS per dtype, "
                                       "memory bandwidth, op overhead and op-class efficiencies on every device "
                                       "at once, time the collectives, fit each link's latency and bandwidth, "
-                                      "and write a cluster file the cost model loads.")
-    prof.add_argument("-o", "--output", required=True, metavar="CLUSTER.yaml")
+                                      "and write a cluster file the cost model loads.",
+                     **examples(
+                             'hapc profile -o cluster.yaml --quick',
+                             'hapc profile -o cluster.yaml --merge configs/clusters/hap-8gpu-v100x4-p100x4.yaml',
+                             'hapc profile -o cluster.yaml --ops-only --model model.py --precision bf16'))
+    prof.add_argument("-o", "--output", required=True, metavar="CLUSTER.yaml", help="the cluster file to write")
     prof.add_argument("--nproc", type=int, default=None,
                       help="ranks to start (default: one per GPU, or one per CPU core)")
     prof.add_argument("--merge", default=None, metavar="EXISTING.yaml",
@@ -26,7 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     prof.add_argument("--affinity", default=None, metavar="CORES",
                       help="pin rank i to the i-th core set, e.g. 0,1,1 (ranks 1 and 2 share core 1)")
     prof.add_argument("--threads", type=int, default=1, help="threads per rank (default 1)")
-    prof.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    prof.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                      help="what to measure (auto: the GPUs when there are any, else CPU cores)")
     prof.add_argument("--no-op-classes", action="store_true", help="skip the per-op-class efficiencies")
     prof.add_argument("--model", default=None, metavar="MODEL.py",
                       help="also time every distinct op of this model (forward and backward, shard sizes) on "

@@ -9,7 +9,7 @@ import functools
 import time
 from pathlib import Path
 
-from hapc.cli.common import output_folder, print_notes, progress
+from hapc.cli.common import examples, output_folder, print_notes, progress
 from hapc.errors import UserError
 
 
@@ -20,8 +20,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                      "(searching again when it lost more than the devices did; no tracing: "
                                      "plan.json holds the graph), and write OUT/plan.json, "
                                      "OUT/report.md and OUT/program.py (which --load's the old program's "
-                                     "checkpoints). Give the new cluster as a file or as changes to the old one.")
-    rep.add_argument("plan", metavar="PLAN.json")
+                                     "checkpoints). Give the new cluster as a file or as changes to the old one.",
+                     **examples(
+                             'hapc replan out/plan.json --drop 3 -o out3            # rank 3 is gone',
+                             'hapc replan out/plan.json --slow 2=1.5 -o out2        # rank 2 runs 1.5x slower',
+                             'hapc replan out/plan.json --cluster new.yaml -o new'))
+    rep.add_argument("plan", metavar="PLAN.json", help="a plan.json that hapc compile or replan wrote")
     change = rep.add_argument_group("the change (--cluster, or any of the others)")
     change.add_argument("--cluster", default=None, metavar="NEW.yaml", help="the new cluster file")
     change.add_argument("--drop", action="append", default=[], metavar="RANK",

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import argparse
 
+from hapc.cli.common import examples
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     sim = sub.add_parser("simulate", help="predict a plan's time and memory, optionally on another cluster",
                          description="Re-simulate PLAN.json with the cost model, on its own cluster or on "
-                                     "another one with the same number of devices.")
-    sim.add_argument("plan", metavar="PLAN.json")
-    sim.add_argument("--cluster", default=None, metavar="OTHER.yaml")
+                                     "another one with the same number of devices.",
+                     **examples(
+                             'hapc simulate out/plan.json',
+                             'hapc simulate out/plan.json --cluster configs/clusters/cpu4.yaml'))
+    sim.add_argument("plan", metavar="PLAN.json", help="a plan.json that hapc compile or replan wrote")
+    sim.add_argument("--cluster", default=None, metavar="OTHER.yaml",
+                     help="another cluster with as many devices (default: the plan's own)")
     sim.set_defaults(func=run)
 
 

@@ -21,7 +21,9 @@ def coverage(traced: Traced) -> tuple[int, int]:
     return sum(1 for n in nodes if has_rule(n.op)), len(nodes)
 
 
-def format_ir(traced: Traced, *, layouts: bool = True, limit: int | None = None) -> str:
+def format_ir(traced: Traced, *, layouts: bool = True, limit: int | None = None, summary: bool = False) -> str:
+    """The graph's header lines, then a line per node (with its allowed layouts); with
+    ``summary``, the header and one line per distinct op (nodes, FLOPs, rule) instead."""
     g = traced.graph
     lines = []
     n_params = sum(g.meta(p).numel for p in g.params)
@@ -34,6 +36,9 @@ def format_ir(traced: Traced, *, layouts: bool = True, limit: int | None = None)
     lines.append(f"FLOPs per step: forward {_flops(total.fwd_flops)}, backward {_flops(total.bwd_flops)}; "
                  f"rule coverage: {covered}/{count} nodes, {ops_with_rules}/{len(ops)} distinct ops")
     lines.append("")
+    if summary:
+        lines += _op_table(g)
+        return "\n".join(lines)
     for i, node in enumerate(g.nodes):
         if limit is not None and i >= limit:
             lines.append(f"... {count - limit} more nodes")
@@ -52,3 +57,18 @@ def format_ir(traced: Traced, *, layouts: bool = True, limit: int | None = None)
         for op, where in sorted(g.unsupported.items()):
             lines.append(f"  {op} at {', '.join(sorted(set(where))[:3])}")
     return "\n".join(lines)
+
+
+def _op_table(g) -> list[str]:
+    """One line per distinct op, most forward FLOPs first: how many nodes, their FLOPs, whether
+    a rule shards it."""
+    by_op: dict[str, list] = {}
+    for node in g.nodes:
+        by_op.setdefault(node.op, []).append(node)
+    rows = sorted(by_op.items(), key=lambda kv: (-sum(n.cost.fwd_flops for n in kv[1]), kv[0]))
+    width = max(len(op) for op in by_op) if by_op else 2
+    out = [f"{'op':<{width}} {'nodes':>6} {'fwd FLOPs':>10} {'bwd FLOPs':>10}  rule"]
+    for op, nodes in rows:
+        out.append(f"{op:<{width}} {len(nodes):>6} {_flops(sum(n.cost.fwd_flops for n in nodes)):>10} "
+                   f"{_flops(sum(n.cost.bwd_flops for n in nodes)):>10}  {'yes' if has_rule(op) else 'no: replicated'}")
+    return out

@@ -220,3 +220,10 @@ def test_rules_check_one_op_with_progress(capsys):
     assert capsys.readouterr().err.strip() == "hapc rules: no rule for an op named 'nosuchop'; hapc rules lists them"
     assert main(["rules", "--op", "mm"]) == 2
     assert "add --check" in capsys.readouterr().err
+
+
+def test_ir_summary_on_the_meta_device(capsys):
+    assert main(["ir", MLP, "--meta", "--summary", *MLP_SMALL]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("graph ") and out[3].split() == ["op", "nodes", "fwd", "FLOPs", "bwd", "FLOPs", "rule"]
+    assert any(line.startswith("aten.linear.default") and line.rstrip().endswith("yes") for line in out[4:])
