@@ -47,9 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if hasattr(args, "validate"):       # usage errors argparse cannot express
-        args.validate(args, parser)
     try:
+        if hasattr(args, "validate"):       # usage errors argparse cannot express, options from files
+            args.validate(args, parser)
         return args.func(args)
     except UserError as exc:
         print(f"hapc: {exc}", file=sys.stderr)

@@ -26,7 +26,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              'hapc compile model.py --cluster cluster.yaml --stages auto --precision bf16 -o out',
                              'torchrun --nproc_per_node=4 out/program.py --device cpu --verify      # then run what it wrote'))
     comp.add_argument("model", metavar="MODEL.py", help="the model file: model() and inputs(), see configs/models/README.md")
-    comp.add_argument("--cluster", required=True, metavar="CLUSTER.yaml",
+    comp.add_argument("--config", default=None, metavar="FILE",
+                      help="options from a TOML or YAML file (keys: the long option names; set: a table); "
+                           "flags given here override it")
+    comp.add_argument("--cluster", default=None, metavar="CLUSTER.yaml",
                       help="the cluster file (YAML: nodes, devices, links), e.g. configs/clusters/small-mixed.yaml")
     comp.add_argument("-o", "--output", default="out", metavar="OUT", help="output folder (default: out)")
     comp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=key_value, help=SET_HELP)
@@ -46,7 +49,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                       help="trace the model even when the trace cache ($HAPC_CACHE_DIR, default "
                            "~/.cache/hapc/traces) holds a valid trace of it, and do not store this one")
     comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines or trace-cache notes")
-    comp.set_defaults(func=run)
+    comp.set_defaults(func=run, validate=validate)
+
+
+def validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Options from --config, then what argparse cannot require when a config file may give it."""
+    if args.config:
+        from hapc.cli.config import apply_config
+
+        (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        apply_config(args, sub.choices["compile"], args.config)
+    if not args.cluster:
+        raise UserError("--cluster CLUSTER.yaml is required (on the command line or as cluster in --config)")
 
 
 def run(args: argparse.Namespace) -> int:
