@@ -32,8 +32,11 @@ def explain(plan: Plan, limit: int | None = None) -> str:
             variant[e.label] = e.variant
     nodes = {n.name: n for n in plan.graph.nodes}
     ms = 1e3
-    lines = [f"{plan!r}", f"{'step':<44} {'fwd ms':>8} {'bwd ms':>8}  layouts / collective",
-             "-" * 100]
+    lines = [f"hapc plan '{plan.name}': {sim.iteration_seconds * ms:.3f} ms per iteration on {plan.cluster.world} devices.",
+             "Each step's time is the slowest rank's at that step (the critical path). The steps add up to the",
+             "forward and backward; the iteration adds the gradient all-reduce left after backward and the",
+             "optimizer step (the last lines).",
+             f"{'step':<44} {'fwd ms':>8} {'bwd ms':>8}  layouts / collective", "-" * 100]
     shown = 0
     for step in plan.program.steps:
         if limit is not None and shown >= limit:
@@ -57,5 +60,12 @@ def explain(plan: Plan, limit: int | None = None) -> str:
         lines.append(f"gradient all-reduces: {len(syncs)} buckets, {sum(t for _, t in syncs) * ms:.3f} ms in all, "
                      f"{sim.exposed_grad_sync_seconds * ms:.3f} ms not hidden behind backward")
     lines.append("-" * 100)
-    lines.append(sim.table())
+    optimizer = sum(e.end_seconds - e.start_seconds for e in sim.events if e.phase == "optimizer")
+    rest = sim.iteration_seconds - sim.forward_seconds - sim.backward_seconds - sim.exposed_grad_sync_seconds
+    tail = f"optimizer step {optimizer * ms:.3f}" + (f" + waiting {(rest - optimizer) * ms:.3f}"
+                                                      if abs(rest - optimizer) * ms >= 0.0005 else "")
+    lines.append(f"iteration {sim.iteration_seconds * ms:.3f} ms = forward {sim.forward_seconds * ms:.3f} + backward "
+                 f"{sim.backward_seconds * ms:.3f} + gradient all-reduce not hidden "
+                 f"{sim.exposed_grad_sync_seconds * ms:.3f} + {tail}")
+    lines.append(sim.table().split("\n", 2)[2])          # the per-device table (its time lines are above)
     return "\n".join(lines)

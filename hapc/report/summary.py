@@ -17,7 +17,7 @@ def summary_text(plan: Plan) -> str:
     lines = [
         f["title"],
         f"predicted time per iteration: {f['iteration_ms']:.3f} ms  "
-        f"(lower bound {f['lower_bound_ms']:.3f} ms; {f['gap']:.2f}x of it)"
+        f"(lower bound {f['lower_bound_ms']:.3f} ms; {f['gap']:.2f}x of it{_gap_note(f['gap'])})"
         if f["gap"] is not None else f"predicted time per iteration: {f['iteration_ms']:.3f} ms",
     ]
     lines.append(f"precision: {plan.precision.describe()}")
@@ -37,6 +37,13 @@ def summary_text(plan: Plan) -> str:
                      f", {s.get('segments', '?')} segments ({s.get('distinct_segments', '?')} distinct), "
                      f"{s.get('states_expanded', '?')} states expanded")
     return "\n".join(lines)
+
+
+def _gap_note(gap: float) -> str:
+    """Why a plan can sit far above the lower bound (every FLOP at the devices' summed peak, with
+    no memory traffic, launches or communication), said where that is the case."""
+    return ": the work is too small to keep the devices busy; launches, memory traffic and " \
+        "communication dominate" if gap >= 10 else ""
 
 
 def _measured_line(plan: Plan) -> str:
