@@ -48,7 +48,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     comp.add_argument("--no-trace-cache", action="store_true",
                       help="trace the model even when the trace cache ($HAPC_CACHE_DIR, default "
                            "~/.cache/hapc/traces) holds a valid trace of it, and do not store this one")
-    comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines or trace-cache notes")
+    comp.add_argument("-q", "--quiet", action="store_true",
+                      help="print only what was written and how to run it (no summary, progress or notes)")
     comp.set_defaults(func=run, validate=validate)
 
 
@@ -122,7 +123,8 @@ def _plan_and_write(args: argparse.Namespace, from_file, cluster, overrides: dic
         write_report(plan, out)
         if not args.no_emit:
             plan.emit(out, constants=traced.constants)
-    print(plan.summary())
+    if not args.quiet:
+        print(plan.summary())
     print(f"wrote {', '.join(str(out / w) for w in wrote)} in {time.perf_counter() - started:.1f} s")
     if not args.no_emit:
         from hapc.codegen.launch import launch_lines

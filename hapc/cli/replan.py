@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     effort.add_argument("--full", action="store_true",
                         help="search as hapc compile does (every round, the baselines), on the stored graph")
     rep.add_argument("--no-emit", action="store_true", help="write the plan and report only")
-    rep.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    rep.add_argument("-q", "--quiet", action="store_true", help="no summary, progress lines or notes")
     rep.set_defaults(func=run, validate=validate)
 
 
@@ -103,7 +103,8 @@ def _replan(args: argparse.Namespace) -> int:
         write_report(done.plan, out)
         if not args.no_emit:
             done.plan.emit(out)
-    print(done.plan.summary())
+    if not args.quiet:
+        print(done.plan.summary())
     how = "the old program re-balanced" if done.kept_program else \
         (f"a new program ({'over ' if done.carried_cost_is_floor else ''}"
          f"{done.carried_cost_seconds * 1e3:.3f} ms/iter for the old one on the new cluster)")

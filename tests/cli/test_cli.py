@@ -71,7 +71,7 @@ def test_model_that_does_not_trace_names_the_problem(tmp_path, capsys):
 
 def test_compile_simulate_explain_check(tmp_path, capsys):
     out = tmp_path / "out"
-    rc, text = _run(["compile", MLP, "--cluster", SMALL_MIXED, "-o", str(out), "-q", "--no-emit"] + MLP_SMALL,
+    rc, text = _run(["compile", MLP, "--cluster", SMALL_MIXED, "-o", str(out), "--no-emit"] + MLP_SMALL,
                     capsys)
     assert rc == 0, text
     assert "predicted time per iteration" in text and "dp-even" in text
@@ -227,3 +227,12 @@ def test_ir_summary_on_the_meta_device(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("graph ") and out[3].split() == ["op", "nodes", "fwd", "FLOPs", "bwd", "FLOPs", "rule"]
     assert any(line.startswith("aten.linear.default") and line.rstrip().endswith("yes") for line in out[4:])
+
+
+def test_quiet_compile_prints_what_it_wrote_and_how_to_run_it(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["compile", MLP, "--cluster", SMALL_MIXED, "-o", str(out), "-q", "--no-trace-cache", *MLP_SMALL]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"wrote {out / 'plan.json'}, ") and lines[1].startswith("run it: ")
+    assert captured.err == ""
