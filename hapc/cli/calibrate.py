@@ -8,15 +8,18 @@ import argparse
 from hapc.cli.common import SET_HELP, examples, key_value, progress
 
 
+EXAMPLES = (
+    'hapc calibrate configs/models/gpt.py --cluster cluster.yaml --repeats 2 --write',
+)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     cal = sub.add_parser("calibrate", help="run several plans of a model, compare measured and predicted "
                                            "step times, fit the cost model",
                          description="Emit and run the baselines and the synthesized plan of MODEL.py on this "
                                      "machine, compare measured with predicted step times (rank correlation, "
                                      "median error), fit efficiency, launch and link scales, and report "
-                                     "before/after; --write puts the fitted values into the cluster file.",
-                     **examples(
-                             'hapc calibrate configs/models/gpt.py --cluster cluster.yaml --repeats 2 --write'))
+                                     "before/after; --write puts the fitted values into the cluster file.", **examples(*EXAMPLES))
     cal.add_argument("model", metavar="MODEL.py", help="the model file: model() and inputs(), see configs/models/README.md")
     cal.add_argument("--cluster", required=True, metavar="CLUSTER.yaml",
                       help="the cluster file (YAML: nodes, devices, links), e.g. configs/clusters/small-mixed.yaml")

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from hapc.cli.common import examples
-from pathlib import Path
+
+
+EXAMPLES = (
+    'hapc check out/plan.json --baseline tests/golden/gpt-small-mixed.json --tolerance 0.05',
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     chk = sub.add_parser("check", help="CI regression: fail when a plan got worse than a golden one",
                          description="Exit 1 when PLAN.json is predicted slower than GOLDEN.json by more "
-                                     "than the tolerance, does not fit in memory, or is for another graph.",
-                     **examples(
-                             'hapc check out/plan.json --baseline tests/golden/gpt-small-mixed.json --tolerance 0.05'))
+                                     "than the tolerance, does not fit in memory, or is for another graph.", **examples(*EXAMPLES))
     chk.add_argument("plan", metavar="PLAN.json", help="a plan.json that hapc compile or replan wrote")
     chk.add_argument("--baseline", required=True, metavar="GOLDEN.json", help="the golden plan to compare with")
     chk.add_argument("--tolerance", type=float, default=0.02, help="allowed relative slow-down (default 0.02)")

@@ -17,14 +17,17 @@ from hapc.cli.common import SET_HELP, check_precision, examples, key_value, outp
 from hapc.errors import UserError
 
 
+EXAMPLES = (
+    'hapc compile configs/models/gpt.py --cluster configs/clusters/small-mixed.yaml -o out --set dropout=0.0',
+    'hapc compile model.py --cluster cluster.yaml --stages auto --precision bf16 -o out',
+    'torchrun --nproc_per_node=4 out/program.py --device cpu --verify      # then run what it wrote',
+)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     comp = sub.add_parser("compile", help="plan a model file for a cluster and emit the SPMD program",
                           description="Trace MODEL.py, search for the fastest SPMD program on the cluster, "
-                                      "and write OUT/plan.json, OUT/report.md and OUT/program.py.",
-                     **examples(
-                             'hapc compile configs/models/gpt.py --cluster configs/clusters/small-mixed.yaml -o out --set dropout=0.0',
-                             'hapc compile model.py --cluster cluster.yaml --stages auto --precision bf16 -o out',
-                             'torchrun --nproc_per_node=4 out/program.py --device cpu --verify      # then run what it wrote'))
+                                      "and write OUT/plan.json, OUT/report.md and OUT/program.py.", **examples(*EXAMPLES))
     comp.add_argument("model", metavar="MODEL.py", help="the model file: model() and inputs(), see configs/models/README.md")
     comp.add_argument("--config", default=None, metavar="FILE",
                       help="options from a TOML or YAML file (keys: the long option names; set: a table); "

@@ -7,12 +7,15 @@ import argparse
 from hapc.cli.common import examples
 
 
+EXAMPLES = (
+    'hapc explain out/plan.json --limit 40',
+)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     exp = sub.add_parser("explain", help="show each step of a plan, its layouts and what it costs",
                          description="For every node: the strategy chosen, the collectives around it, "
-                                     "the time they take, and the user's source line.",
-                     **examples(
-                             'hapc explain out/plan.json --limit 40'))
+                                     "the time they take, and the user's source line.", **examples(*EXAMPLES))
     exp.add_argument("plan", metavar="PLAN.json", help="a plan.json that hapc compile or replan wrote")
     exp.add_argument("--limit", type=int, default=None, help="show at most this many steps")
     exp.set_defaults(func=run)

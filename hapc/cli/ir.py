@@ -7,14 +7,17 @@ import argparse
 from hapc.cli.common import SET_HELP, examples, key_value
 
 
+EXAMPLES = (
+    'hapc ir configs/models/gpt.py --meta --summary       # one line per op of GPT-2 small',
+    'hapc ir configs/models/mlp.py --set layers=2 --limit 20',
+)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     ir = sub.add_parser("ir", help="trace a model file and print its IR with per-node FLOPs and allowed layouts",
                         description="Trace MODEL.py (model() and inputs()) with torch.export and print every "
                                     "node: op, output shape, forward/backward FLOPs, the sharding strategies "
-                                    "its rule allows, and the user's source line.",
-                     **examples(
-                             'hapc ir configs/models/gpt.py --meta --summary       # one line per op of GPT-2 small',
-                             'hapc ir configs/models/mlp.py --set layers=2 --limit 20'))
+                                    "its rule allows, and the user's source line.", **examples(*EXAMPLES))
     ir.add_argument("model", metavar="MODEL.py", help="the model file: model() and inputs(), see configs/models/README.md")
     ir.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=key_value, help=SET_HELP)
     ir.add_argument("--meta", action="store_true", help="build the model on the meta device (no weights)")

@@ -11,16 +11,19 @@ from hapc.cli.common import check_precision, examples, key_value, progress
 from hapc.errors import UserError
 
 
+EXAMPLES = (
+    'hapc profile -o cluster.yaml --quick',
+    'hapc profile -o cluster.yaml --merge configs/clusters/hap-8gpu-v100x4-p100x4.yaml',
+    'hapc profile -o cluster.yaml --ops-only --model model.py --precision bf16',
+)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     prof = sub.add_parser("profile", help="measure this machine's devices and links and write a cluster file",
                           description="Start N ranks (or run under torchrun), measure matmul FLOPS per dtype, "
                                       "memory bandwidth, op overhead and op-class efficiencies on every device "
                                       "at once, time the collectives, fit each link's latency and bandwidth, "
-                                      "and write a cluster file the cost model loads.",
-                     **examples(
-                             'hapc profile -o cluster.yaml --quick',
-                             'hapc profile -o cluster.yaml --merge configs/clusters/hap-8gpu-v100x4-p100x4.yaml',
-                             'hapc profile -o cluster.yaml --ops-only --model model.py --precision bf16'))
+                                      "and write a cluster file the cost model loads.", **examples(*EXAMPLES))
     prof.add_argument("-o", "--output", required=True, metavar="CLUSTER.yaml", help="the cluster file to write")
     prof.add_argument("--nproc", type=int, default=None,
                       help="ranks to start (default: one per GPU, or one per CPU core)")

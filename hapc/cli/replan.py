@@ -13,6 +13,13 @@ from hapc.cli.common import examples, output_folder, print_notes, progress
 from hapc.errors import UserError
 
 
+EXAMPLES = (
+    'hapc replan out/plan.json --drop 3 -o out3            # rank 3 is gone',
+    'hapc replan out/plan.json --slow 2=1.5 -o out2        # rank 2 runs 1.5x slower',
+    'hapc replan out/plan.json --cluster new.yaml -o new',
+)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     rep = sub.add_parser("replan", help="a plan for a changed cluster (a device lost, added or slower), "
                                         "from an old plan without tracing again",
@@ -20,11 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                      "(searching again when it lost more than the devices did; no tracing: "
                                      "plan.json holds the graph), and write OUT/plan.json, "
                                      "OUT/report.md and OUT/program.py (which --load's the old program's "
-                                     "checkpoints). Give the new cluster as a file or as changes to the old one.",
-                     **examples(
-                             'hapc replan out/plan.json --drop 3 -o out3            # rank 3 is gone',
-                             'hapc replan out/plan.json --slow 2=1.5 -o out2        # rank 2 runs 1.5x slower',
-                             'hapc replan out/plan.json --cluster new.yaml -o new'))
+                                     "checkpoints). Give the new cluster as a file or as changes to the old one.", **examples(*EXAMPLES))
     rep.add_argument("plan", metavar="PLAN.json", help="a plan.json that hapc compile or replan wrote")
     change = rep.add_argument_group("the change (--cluster, or any of the others)")
     change.add_argument("--cluster", default=None, metavar="NEW.yaml", help="the new cluster file")

@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 
 from hapc.cli.common import examples
-
 from hapc.errors import UserError
+
+
+EXAMPLES = (
+    'hapc rules                      # the ops with rules',
+    'hapc rules --check --op mm      # validate one op family',
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     rules = sub.add_parser("rules", help="list the ops with sharding rules, or check them",
                            description="List the aten ops that have sharding rules, or (--check) run every "
-                                       "rule on uneven 3-way shards against the unsharded op.",
-                     **examples(
-                             'hapc rules                      # the ops with rules',
-                             'hapc rules --check --op mm      # validate one op family'))
+                                       "rule on uneven 3-way shards against the unsharded op.", **examples(*EXAMPLES))
     rules.add_argument("--check", action="store_true", help="validate every rule against ground truth")
     rules.add_argument("--op", action="append", default=[], metavar="NAME",
                        help="with --check: only this op (aten.mm.default, or mm for every overload; repeatable)")

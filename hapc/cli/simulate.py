@@ -7,13 +7,16 @@ import argparse
 from hapc.cli.common import examples
 
 
+EXAMPLES = (
+    'hapc simulate out/plan.json',
+    'hapc simulate out/plan.json --cluster configs/clusters/cpu4.yaml',
+)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     sim = sub.add_parser("simulate", help="predict a plan's time and memory, optionally on another cluster",
                          description="Re-simulate PLAN.json with the cost model, on its own cluster or on "
-                                     "another one with the same number of devices.",
-                     **examples(
-                             'hapc simulate out/plan.json',
-                             'hapc simulate out/plan.json --cluster configs/clusters/cpu4.yaml'))
+                                     "another one with the same number of devices.", **examples(*EXAMPLES))
     sim.add_argument("plan", metavar="PLAN.json", help="a plan.json that hapc compile or replan wrote")
     sim.add_argument("--cluster", default=None, metavar="OTHER.yaml",
                      help="another cluster with as many devices (default: the plan's own)")
