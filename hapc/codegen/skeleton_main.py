@@ -274,11 +274,13 @@ class StepWatchdog:
 
 
 def _peer_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` is a collective that failed because a peer left or stopped answering."""
-    text = f"{type(exc).__name__} {exc}"
+    """Whether ``exc`` is a collective that failed because a peer left or stopped answering
+    (gloo's and NCCL's wordings: "Connection reset by peer", "Timed out waiting ...ms for recv",
+    "Application timeout caused pair closure", DistBackendError)."""
+    text = f"{type(exc).__name__} {exc}".lower()
     return isinstance(exc, RuntimeError) and any(k in text for k in (
-        "DistBackendError", "Connection reset", "Connection closed", "Broken pipe", "Timed out", "timed out",
-        "Timeout", "NCCL", "gloo", "peer"))
+        "distbackenderror", "connection reset", "connection closed", "broken pipe", "timed out", "timeout",
+        "pair closure", "nccl", "gloo", "peer"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

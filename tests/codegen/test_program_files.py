@@ -103,3 +103,17 @@ def test_the_step_watchdog_ends_a_rank_whose_step_stalls(program, monkeypatch, c
         watchdog.stop()
     assert capsys.readouterr().err.startswith("rank 3: step 7 made no progress for 0.3 s (1.5x --timeout): "
                                               "a peer rank stopped answering; ending this rank")
+
+
+def test_peer_failures_are_told_from_the_programs_own_errors(program):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("program_peer_failure", program)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for text in ("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer",
+                 "[unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete",
+                 "Application timeout caused pair closure"):
+        assert module._peer_failure(RuntimeError(text)), text
+    assert not module._peer_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 5x2)"))
+    assert not module._peer_failure(ValueError("Connection reset by peer"))
