@@ -9,14 +9,16 @@ fails CI. When a change is meant to alter plans, refresh them and read what move
 prints, per model, the old and new predicted time per iteration (both simulated by the
 current cost model, as ``hapc check`` compares them) and whether the chosen program changed.
 
-Plan files are written with repository-relative paths (model file, source lines), so a golden
-file is the same whichever checkout refreshed it.
+Plan files are written with relative paths (source lines relative to the repository; the model
+file relative to the plan file's folder, as ``Plan.save`` writes it), so a golden file is the
+same whichever checkout refreshed it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,8 +49,8 @@ def plan_text(plan) -> str:
     data = plan.to_dict()
     data["graph"]["sources"] = {node: [_relative(src[0])] + list(src[1:])
                                 for node, src in data["graph"].get("sources", {}).items()}
-    if "file" in data.get("model", {}):
-        data["model"]["file"] = _relative(data["model"]["file"])
+    if "file" in data.get("model", {}):       # as Plan.save writes it: from the plan's folder
+        data["model"]["file"] = os.path.relpath(ROOT / _relative(data["model"]["file"]), GOLDEN_DIR)
     return json.dumps(data, sort_keys=True, indent=1) + "\n"
 
 

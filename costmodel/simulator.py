@@ -133,30 +133,35 @@ class SimResult:
             "fits": self.memory.fits,
         }
 
-    def _rows(self) -> list[str]:
+    def _rows(self, batch_rows: Sequence[int] | None = None) -> list[str]:
         """One table row per rank, without its rank and node columns."""
         ms = 1e3
         fits, peaks = self.memory.fits, self.peak_memory_bytes      # once, not once per row
         rows = []
         for r, dev in enumerate(self.cluster.devices):
             fit = "" if fits[r] else "  (does not fit)"
-            rows.append(f"{dev.type:<12} {self.shares[r]:6.3f} {self.compute_seconds[r] * ms:11.3f} "
+            held = "" if batch_rows is None else f" {batch_rows[r]:>5}"
+            rows.append(f"{dev.type:<12} {self.shares[r]:6.3f}{held} {self.compute_seconds[r] * ms:11.3f} "
                         f"{self.comm_seconds[r] * ms:9.3f} {self.idle_seconds[r] * ms:9.3f} "
                         f"{peaks[r] / 1e9:10.3f} {dev.memory_bytes / 1e9:7.1f}{fit}")
         return rows
 
-    def row_groups(self, rows: list[str] | None = None) -> list[tuple[int, int]]:
+    def row_groups(self, rows: list[str] | None = None,
+                   batch_rows: Sequence[int] | None = None) -> list[tuple[int, int]]:
         """(first rank, last rank + 1) of each row the per-device table shows: one per rank up to
         TABLE_ROWS_BEFORE_GROUPING devices, beyond that one per run of consecutive ranks whose rows
         read the same ("0-127" on nodes "0-15"): 256 identical rows hide what differs. The
         report's chart groups its bars the same way."""
-        rows = self._rows() if rows is None else rows
+        rows = self._rows(batch_rows) if rows is None else rows
         starts = list(range(len(rows)))
         if len(rows) > TABLE_ROWS_BEFORE_GROUPING:
             starts = [r for r in starts if r == 0 or rows[r] != rows[r - 1]]
         return list(zip(starts, [*starts[1:], len(rows)]))
 
-    def table(self) -> str:
+    def table(self, batch_rows: Sequence[int] | None = None) -> str:
+        """The time lines and the per-device table; ``batch_rows`` (the batch rows each rank
+        computes, :func:`hapc.report.model.batch_rows`) adds a ``rows`` column beside the shares:
+        a share is what the balancer asked for, the rows are what it became after rounding."""
         ms = 1e3
         lines = [
             (f"time per iteration {self.iteration_seconds * ms:.3f} ms  (forward {self.forward_seconds * ms:.3f}, "
@@ -165,7 +170,7 @@ class SimResult:
             (f"gradient all-reduce {self.grad_sync_seconds * ms:.3f} ms, "
              f"{self.exposed_grad_sync_seconds * ms:.3f} ms of it not hidden by backward"),
         ]
-        rows = self._rows()
+        rows = self._rows(batch_rows)
         starts = [a for a, _ in self.row_groups(rows)]
         ends = [*starts[1:], len(rows)]
         width = 4 if len(starts) == len(rows) else 7
@@ -173,7 +178,8 @@ class SimResult:
         def span(first: int, last: int) -> str:
             return str(first) if first == last else f"{first}-{last}"
 
-        lines.append(f"{'rank':>{width}} {'node':>{width}} {'device':<12} {'share':>6} {'compute ms':>11} "
+        held = "" if batch_rows is None else f" {'rows':>5}"
+        lines.append(f"{'rank':>{width}} {'node':>{width}} {'device':<12} {'share':>6}{held} {'compute ms':>11} "
                      f"{'comm ms':>9} {'idle ms':>9} {'memory GB':>10} {'of GB':>7}")
         for a, b in zip(starts, ends):
             nodes = span(self.cluster.devices[a].node, self.cluster.devices[b - 1].node)

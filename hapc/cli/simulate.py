@@ -33,5 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
         print("\n".join(resimulate_lines(plan, sim.cluster)))
         return 0
-    print(sim.table())
+    from hapc.report.model import batch_rows
+
+    print(sim.table(batch_rows(plan)))        # the plan's rows: simulate keeps its shares
     return 0

@@ -32,6 +32,7 @@ from hapc.ir.graph import Graph, hash_of_json
 from hapc.ir.layout import Layout, parse_layout
 from hapc.ir.precision import Precision
 from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
+from hapc.plan.paths import loaded_model_path, stored_model_path
 from hapc.process.collector import gc_paused
 
 if TYPE_CHECKING:
@@ -170,7 +171,7 @@ class Plan:
         return summary_text(self)
 
     def report(self) -> str:
-        """The plan as Markdown: time per iteration, speed-ups, devices, chart (inline PNG)."""
+        """The plan as Markdown: time per iteration, speed-ups, devices, chart (inline SVG)."""
         from hapc.report.notebook import plan_markdown
 
         return plan_markdown(self)
@@ -237,6 +238,8 @@ class Plan:
     def _write(self, path: Path) -> None:
         with gc_paused():       # tens of thousands of acyclic records (hapc.process.collector)
             data = self.to_dict()
+            if data["model"].get("file"):
+                data["model"] = {**data["model"], "file": stored_model_path(data["model"]["file"], path)}
             section = _GraphSection.of(self.graph)
             verbatim = {"graph": section.text} if section is not None and data["graph"] is section.data else {}
             text = plan_json(data, verbatim)
@@ -273,6 +276,9 @@ class Plan:
             raise UserError(f"not a plan file ({type(exc).__name__}: {_first_line(exc)})", where=str(path)) from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise UserError(f"not a plan file (format should be {FORMAT!r})", where=str(path))
+        model = data.get("model")
+        if isinstance(model, dict) and isinstance(model.get("file"), str):
+            data["model"] = {**model, "file": loaded_model_path(model["file"], path)}
         try:
             plan = Plan.from_dict(data)
         except UserError as exc:

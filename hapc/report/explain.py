@@ -67,5 +67,7 @@ def explain(plan: Plan, limit: int | None = None) -> str:
     lines.append(f"iteration {sim.iteration_seconds * ms:.3f} ms = forward {sim.forward_seconds * ms:.3f} + backward "
                  f"{sim.backward_seconds * ms:.3f} + gradient all-reduce not hidden "
                  f"{sim.exposed_grad_sync_seconds * ms:.3f} + {tail}")
-    lines.append(sim.table().split("\n", 2)[2])          # the per-device table (its time lines are above)
+    from hapc.report.model import batch_rows
+
+    lines.append(sim.table(batch_rows(plan)).split("\n", 2)[2])          # the per-device table (its time lines are above)
     return "\n".join(lines)

@@ -1,10 +1,11 @@
 """The one model of a plan that every rendering reads: the headline figures, baselines and
 per-device rows (:func:`facts`: the summary, report.md, the notebook's Markdown and HTML) and
-the per-device chart (:func:`chart`: the SVG of report.md, the notebook's PNG). Renderers
+the per-device chart (:func:`chart`: the SVG of report.md and of the notebook). Renderers
 format; they compute nothing of their own, so two views of one plan cannot disagree."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,14 +25,16 @@ def facts(plan: Plan) -> dict[str, Any]:
     """What the text and notebook views show, as plain numbers (milliseconds, gigabytes); the
     device rows are the summary table's (alike ranks in one row beyond 32 devices)."""
     sim = plan.sim
+    rows = batch_rows(plan)
     devices = []
     totals, fits = sim.memory.totals, sim.memory.fits        # once, not once per device
-    for rank, last in sim.row_groups():       # a row per rank, or per run of alike ranks (as the table)
+    for rank, last in sim.row_groups(batch_rows=rows):       # a row per rank, or per run of alike ranks (as the table)
         dev = plan.cluster.devices[rank]
         used, capacity = totals[rank], dev.memory_bytes
         devices.append({
             "rank": str(rank) if last - rank == 1 else f"{rank}-{last - 1}", "count": last - rank,
             "node": dev.node, "device": dev.type, "share": plan.ratios[rank],
+            "rows": None if rows is None else rows[rank],
             "compute_ms": sim.compute_seconds[rank] * MS, "comm_ms": sim.comm_seconds[rank] * MS,
             "idle_ms": sim.idle_seconds[rank] * MS, "memory_GB": used / GB, "capacity_GB": capacity / GB,
             "memory_used": used / capacity if capacity else float("nan"), "fits": fits[rank],
@@ -48,6 +51,32 @@ def facts(plan: Plan) -> dict[str, Any]:
     }
 
 
+def batch_rows(plan: Plan) -> list[int] | None:
+    """The batch rows each rank computes in a one-stage plan: the pieces of the first batched
+    user input where the program cuts it along its first dimension (every rank holds the whole
+    batch when the program never cuts it). A share is the balancer's real number; the rows are
+    what it became after rounding (batch 5 on shares .33/.33/.17/.17 is rows 2/1/1/1), which
+    is what the time follows. ``None`` for a pipeline (its stages split micro-batches) or a
+    program whose first input is cut along another dimension."""
+    if plan.pipeline is not None:
+        return None
+    from hapc.ir.layout import Shard
+    from hapc.ir.program import Redistribute
+
+    program = plan.program
+    graph = program.graph
+    batched = [name for name in graph.inputs if graph.meta(name).shape]
+    if not batched:
+        return None
+    first = batched[0]
+    layouts = [program.source_layouts.get(first)]
+    layouts += [s.dst_layout for s in program.steps if isinstance(s, Redistribute) and s.src.split("@", 1)[0] == first]
+    cuts = [lay.dim % len(graph.meta(first).shape) for lay in layouts if isinstance(lay, Shard)]
+    if not cuts:
+        return [graph.meta(first).shape[0]] * program.world
+    return list(program.lengths(first, 0)) if 0 in cuts else None
+
+
 @dataclass(frozen=True)
 class Chart:
     """Per-device time (stacked series, ms per iteration) and memory (GB) beside capacity, one
@@ -59,6 +88,13 @@ class Chart:
     names: list[str]
     memory_gb: list[float]
     capacity_gb: list[float]
+    # The peak memory by part (one list per part, a value per bar, GB), summing to memory_gb.
+    memory_parts: list[list[float]]
+    memory_names: list[str]
+
+
+MEMORY_PART_NAMES = {"params_bytes": "parameters", "grads_bytes": "gradients", "optimizer_bytes": "optimizer state",
+                     "activations_bytes": "activations", "comm_buffer_bytes": "communication buffers"}
 
 
 def chart(plan: Plan) -> Chart:
@@ -82,17 +118,26 @@ def chart(plan: Plan) -> Chart:
         title = "time per device by pipeline stage"
     memory_gb = [b / GB for b in plan.memory]
     capacity_gb = [d.memory_bytes / GB for d in plan.cluster.devices]
+    if plan.pipeline is None:
+        from costmodel.memory import PARTS
+
+        devices = plan.sim.memory.devices
+        parts = [[getattr(d, p) / GB for d in devices] for p in PARTS]
+        part_names = [MEMORY_PART_NAMES[p] for p in PARTS]
+    else:           # a stage's peak, not split by part
+        parts, part_names = [memory_gb], ["predicted peak"]
     if len(labels) > BARS_BEFORE_GROUPING and plan.pipeline is None:     # the summary table's rows
-        groups = plan.sim.row_groups()
+        groups = plan.sim.row_groups(batch_rows=batch_rows(plan))
         firsts = [a for a, _ in groups]
         labels = [labels[a] if b - a == 1 else f"{a}-{b - 1}:{labels[a].split(':', 1)[1]}" for a, b in groups]
-        series = [[s[r] for r in firsts] for s in series]
-        memory_gb, capacity_gb = [memory_gb[r] for r in firsts], [capacity_gb[r] for r in firsts]
     elif len(labels) > BARS_BEFORE_GROUPING:
         firsts, labels = rank_runs(labels, *series, memory_gb, capacity_gb)
-        series = [[s[r] for r in firsts] for s in series]
-        memory_gb, capacity_gb = [memory_gb[r] for r in firsts], [capacity_gb[r] for r in firsts]
-    return Chart(title, labels, series, names, memory_gb, capacity_gb)
+    else:
+        firsts = list(range(len(labels)))
+    def pick(xs: list[float]) -> list[float]:
+        return [xs[r] for r in firsts]
+    return Chart(title, labels, [pick(s) for s in series], names, pick(memory_gb), pick(capacity_gb),
+                 [pick(p) for p in parts], part_names)
 
 
 def rank_runs(labels: list[str], *per_rank: list[float]) -> tuple[list[int], list[str]]:
@@ -103,3 +148,33 @@ def rank_runs(labels: list[str], *per_rank: list[float]) -> tuple[list[int], lis
     ends = [*firsts[1:], len(key)]
     out = [labels[a] if b - a == 1 else f"{a}-{b - 1}:{labels[a].split(':', 1)[1]}" for a, b in zip(firsts, ends)]
     return firsts, out
+
+
+UNITS = (("TB", 1e-3), ("GB", 1.0), ("MB", 1e3), ("kB", 1e6), ("B", 1e9))      # (name, per GB)
+
+
+def memory_unit(gb: float) -> tuple[str, float]:
+    """The largest unit in which ``gb`` is at least 1 (a tiny model reads in kB, not 6e-06 GB)."""
+    return next(((name, per) for name, per in UNITS if gb * per >= 1), UNITS[-1])
+
+
+def memory_label(used_gb: float, capacity_gb: float) -> str:
+    """``6.2 kB of 80 GB, <1%`` (and how much is short, past capacity): the figure of a memory
+    bar and of a notebook row."""
+    unit, per = memory_unit(used_gb)
+    used = f"{figure(used_gb * per)} {unit}"
+    if capacity_gb <= 0:
+        return used
+    cap_unit, cap_per = memory_unit(capacity_gb)
+    share = used_gb / capacity_gb
+    pct = "<1%" if 0 < share < 0.01 else f"{share:.0%}"
+    short = f", {figure((used_gb - capacity_gb) * cap_per)} {cap_unit} short" if share > 1 else ""
+    return f"{used} of {capacity_gb * cap_per:g} {cap_unit}, {pct}{short}"
+
+
+def figure(x: float) -> str:
+    """A figure with 4 significant digits, never in exponent notation (``0.0012``, ``1342``)."""
+    if x == 0:
+        return "0"
+    digits = max(0, 3 - math.floor(math.log10(abs(x))))
+    return f"{x:.{digits}f}" if digits else f"{x:.0f}"

@@ -4,9 +4,9 @@ the same content as Markdown (for a README, an issue, or ``IPython.display.Markd
 
 Both give: the predicted time per iteration against the lower bound, the speed-up over each
 standard baseline, a row per device (type, share, compute / communication / idle time, peak
-memory against capacity) and the per-device chart (:mod:`hapc.report.model`, drawn by :mod:`hapc.report.summary`), inline as a base64
-PNG so that the page needs no file beside it. matplotlib stays the only plotting dependency;
-without it the chart is left out.
+memory against capacity) and the per-device chart: the SVG of ``report.md``
+(:mod:`hapc.report.svg`), inline in the HTML and as a data URI in the Markdown, so that the
+page needs no file beside it.
 """
 
 from __future__ import annotations
@@ -15,17 +15,16 @@ import base64
 import html
 from typing import TYPE_CHECKING
 
-from hapc.report.model import facts
+from hapc.report.model import facts, memory_label
 
 if TYPE_CHECKING:
     from hapc.plan.plan import Plan
 
 
-def _chart_data_uri(plan: Plan) -> str | None:
-    from hapc.report.summary import chart_png
+def _chart_data_uri(plan: Plan) -> str:
+    from hapc.report.svg import svg_chart
 
-    png = chart_png(plan)
-    return None if png is None else "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+    return "data:image/svg+xml;base64," + base64.b64encode(svg_chart(plan).encode()).decode("ascii")
 
 
 def _headline(f: dict) -> str:
@@ -35,13 +34,23 @@ def _headline(f: dict) -> str:
 
 
 ROWS_SHOWN = 12          # device rows before the rest fold away (alike ranks share a row beyond 32)
-DEVICE_COLUMNS = ("rank", "device", "share", "compute ms", "comm ms", "idle ms", "memory GB", "of GB", "used")
 
 
-def _device_cells(d: dict) -> list[str]:
-    used = f"{d['memory_used']:.0%}" + ("" if d["fits"] else " (does not fit)")
-    return [str(d["rank"]), d["device"], f"{d['share']:.3f}", f"{d['compute_ms']:.3f}", f"{d['comm_ms']:.3f}",
-            f"{d['idle_ms']:.3f}", f"{d['memory_GB']:.3f}", f"{d['capacity_GB']:.1f}", used]
+def _columns(f: dict) -> list[str]:
+    """The device table's columns; ``rows`` (the batch rows a rank computes) where known."""
+    rows = ["rows"] if _has_rows(f) else []
+    return ["rank", "device", "share", *rows, "compute ms", "comm ms", "idle ms", "peak memory"]
+
+
+def _has_rows(f: dict) -> bool:
+    return any(d["rows"] is not None for d in f["devices"])
+
+
+def _device_cells(d: dict, rows: bool) -> list[str]:
+    memory = memory_label(d["memory_GB"], d["capacity_GB"]) + ("" if d["fits"] else " (does not fit)")
+    held = [str(d["rows"])] if rows else []
+    return [str(d["rank"]), d["device"], f"{d['share']:.3g}", *held, f"{d['compute_ms']:.3f}", f"{d['comm_ms']:.3f}",
+            f"{d['idle_ms']:.3f}", memory]
 
 
 def plan_markdown(plan: Plan, chart: bool = True) -> str:
@@ -51,15 +60,15 @@ def plan_markdown(plan: Plan, chart: bool = True) -> str:
         lines += ["| baseline | predicted ms | speed-up of this plan |", "|---|---:|---:|"]
         lines += [f"| {name} | {ms:.3f} | {speedup:.2f}x |" for name, ms, speedup in f["baselines"]]
         lines.append("")
-    lines += ["| " + " | ".join(DEVICE_COLUMNS) + " |", "|" + "---:|" * len(DEVICE_COLUMNS)]
+    columns, has_rows = _columns(f), _has_rows(f)
+    lines += ["| " + " | ".join(columns) + " |", "|" + "---:|" * len(columns)]
     shown, rest = f["devices"][:ROWS_SHOWN], f["devices"][ROWS_SHOWN:]
-    lines += ["| " + " | ".join(_device_cells(d)) + " |" for d in shown]
+    lines += ["| " + " | ".join(_device_cells(d, has_rows)) + " |" for d in shown]
     if rest:
         lines += ["", f"... and {len(rest)} more rows ({sum(d['count'] for d in rest)} devices): plan.summary() "
                       "lists them all"]
-    uri = _chart_data_uri(plan) if chart else None
-    if uri:
-        lines += ["", f"![per-device time and memory]({uri})"]
+    if chart:
+        lines += ["", f"![per-device time and memory]({_chart_data_uri(plan)})"]
     return "\n".join(lines) + "\n"
 
 
@@ -73,17 +82,22 @@ def plan_html(plan: Plan, chart: bool = True) -> str:
                        for name, ms, speedup in f["baselines"])
         parts.append("<table><tr><th>baseline</th><th>predicted ms</th><th>speed-up of this plan</th></tr>"
                      f"{rows}</table>")
-    head = "".join(f"<th>{esc(c)}</th>" for c in DEVICE_COLUMNS)
+    head = "".join(f"<th>{esc(c)}</th>" for c in _columns(f))
+    has_rows = _has_rows(f)
+
     def rows(devices: list[dict]) -> str:
-        return "".join("<tr>" + "".join(f"<td {cell}>{esc(c)}</td>" for c in _device_cells(d)) + "</tr>"
+        return "".join("<tr>" + "".join(f"<td {cell}>{esc(c)}</td>" for c in _device_cells(d, has_rows)) + "</tr>"
                        for d in devices)
     shown, rest = f["devices"][:ROWS_SHOWN], f["devices"][ROWS_SHOWN:]
     parts.append(f"<table><tr>{head}</tr>{rows(shown)}</table>")
     if rest:        # expanded on demand: the page stays short on any cluster size
         parts.append(f"<details><summary>{len(rest)} more rows ({sum(d['count'] for d in rest)} devices)</summary>"
                      f"<table><tr>{head}</tr>{rows(rest)}</table></details>")
-    uri = _chart_data_uri(plan) if chart else None
-    if uri:
-        parts.append(f'<img alt="per-device time and memory" src="{uri}"/>')
+    if chart:       # inline: crisp at any zoom, and its text is the page's
+        from hapc.report.svg import svg_chart
+
+        svg = svg_chart(plan).replace("<svg ", '<svg style="max-width:100%; height:auto" role="img" '
+                                                'aria-label="per-device time and memory" ', 1)
+        parts.append(f'<div class="hapc-chart">{svg}</div>')
     parts.append("</div>")
     return "\n".join(parts)

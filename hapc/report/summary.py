@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hapc.plan.plan import Plan
 
 
 def summary_text(plan: Plan) -> str:
-    from hapc.report.model import facts
+    from hapc.report.model import batch_rows, facts
 
     f = facts(plan)
     lines = [
@@ -29,7 +28,7 @@ def summary_text(plan: Plan) -> str:
 
     if plan.pipeline is not None:
         lines.append("the best one-stage plan over all devices, for comparison:")
-    lines.append(plan.sim.table())
+    lines.append(plan.sim.table(batch_rows(plan)))
     lines += pipeline_lines(plan)
     if plan.search and "segments" in plan.search:      # a baseline, or a replan that kept one, has none
         s = plan.search
@@ -60,7 +59,7 @@ def _measured_line(plan: Plan) -> str:
 
 def write_report(plan: Plan, out_dir: str | Path) -> Path:
     """``report.md`` with the summary, the layout of every collective, and ``report.svg``
-    (written as text by :mod:`hapc.report.svg`: no matplotlib in ``hapc compile``)."""
+    (written as text by :mod:`hapc.report.svg`, the chart the notebook shows too)."""
     from hapc.process.collector import gc_paused
 
     with gc_paused():       # a row per step, all acyclic (hapc.process.collector)
@@ -94,44 +93,3 @@ def _write_report(plan: Plan, out_dir: str | Path) -> Path:
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def chart_png(plan: Plan) -> bytes | None:
-    """The per-device time and memory chart as PNG bytes (for inline display); ``None``
-    without matplotlib."""
-    buf = io.BytesIO()
-    return buf.getvalue() if _chart(plan, buf) else None
-
-
-def _chart(plan: Plan, path: Path | BinaryIO) -> bool:
-    # matplotlib's Figure without pyplot: no global backend switch, so drawing this chart in a
-    # notebook leaves the user's own plotting set-up alone, and nothing needs closing.
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        return False
-    from hapc.report.model import chart
-
-    c = chart(plan)
-    labels = c.labels
-    (ms, cm, idle), memory, capacity = c.series, c.memory_gb, c.capacity_gb
-    ranks = list(range(len(ms)))
-    fig = Figure(figsize=(max(8, 0.5 * len(ranks) + 4), 4))
-    ax_t, ax_m = fig.subplots(1, 2)
-    ax_t.bar(ranks, ms, label=c.names[0])
-    ax_t.bar(ranks, cm, bottom=ms, label=c.names[1])
-    ax_t.bar(ranks, idle, bottom=[a + b for a, b in zip(ms, cm)], label=c.names[2])
-    ax_t.set_ylabel("ms per iteration")
-    ax_t.set_title(c.title)
-    ax_t.legend(fontsize=8)
-    ax_m.bar(ranks, memory, label="predicted peak")
-    ax_m.plot(ranks, capacity, "r_", markersize=20, label="capacity")
-    ax_m.set_ylabel("GB")
-    ax_m.set_title("memory per device")
-    ax_m.legend(fontsize=8)
-    for ax in (ax_t, ax_m):
-        ax.set_xticks(ranks)
-        ax.set_xticklabels(labels, rotation=90, fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, format="png")
-    return True

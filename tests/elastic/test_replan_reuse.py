@@ -3,7 +3,7 @@
 The cache beside plan.json (synth.reuse) holds every node's candidate strategies, so a replan
 never calls the sharding rules, which import torch: the round trip gives exactly the rules'
 strategies, a stale or corrupt cache is refused in one line (and the CLI then derives them
-again, saying so), a replan on the cache imports neither torch, scipy.optimize nor matplotlib,
+again, saying so), a replan on the cache imports neither torch nor scipy.optimize,
 and its plan is as fast as a fresh synthesis on the new cluster.
 """
 

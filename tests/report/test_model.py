@@ -7,7 +7,9 @@ import torch
 from torch import nn
 
 import hapc
-from hapc.report.model import BARS_BEFORE_GROUPING, chart, facts, rank_runs
+from hapc.ir.layout import Replicate
+from hapc.ir.shards import largest_remainder
+from hapc.report.model import BARS_BEFORE_GROUPING, batch_rows, chart, facts, rank_runs
 from hapc.report.summary import summary_text
 
 
@@ -60,12 +62,13 @@ def test_rank_runs_split_where_the_device_or_a_figure_changes():
 
 def test_the_chart_and_the_notebook_group_ranks_as_the_summary_table():
     plan = _plan((24, 24))
-    groups = plan.sim.row_groups()
+    rows = batch_rows(plan)
+    groups = plan.sim.row_groups(batch_rows=rows)
     assert 1 < len(groups) < plan.cluster.world
     c, f = chart(plan), facts(plan)
     assert [label.split(":")[0] for label in c.labels] == [str(a) if b - a == 1 else f"{a}-{b - 1}" for a, b in groups]
     assert [d["rank"] for d in f["devices"]] == [label.split(":")[0] for label in c.labels]
-    table_ranks = [line.split()[0] for line in plan.sim.table().splitlines()[3:]]
+    table_ranks = [line.split()[0] for line in plan.sim.table(rows).splitlines()[3:]]
     assert table_ranks == [d["rank"] for d in f["devices"]]
 
 
@@ -83,3 +86,20 @@ def test_the_notebook_shows_at_most_twelve_rows_and_folds_the_rest():
     md = plan_markdown(plan, chart=False)
     assert sum(line.startswith("| ") for line in md.splitlines()) == 1 + ROWS_SHOWN
     assert "... and 28 more rows (28 devices)" in md
+
+
+def test_rows_are_the_batch_pieces_the_program_cuts_not_the_shares():
+    """Batch 80 on shares 2/2/1 of 5: rows 32/32/16; the table shows them beside the shares,
+    and a plan that never cuts the batch holds it whole on every rank."""
+    plan = _plan((2, 1))
+    rows = batch_rows(plan)
+    assert rows == largest_remainder(80, plan.ratios) == [32, 32, 16]
+    assert [d["rows"] for d in facts(plan)["devices"]] == rows
+    table = summary_text(plan).splitlines()
+    head = next(line for line in table if line.lstrip().startswith("rank"))
+    assert head.split()[3:5] == ["share", "rows"]
+    assert [line.split()[4] for line in table[table.index(head) + 1:][:3]] == ["32", "32", "16"]
+    traced = hapc.trace(Loss(), (torch.randn(80, 12), torch.randint(0, 4, (80,))))
+    replicated = hapc.baseline(traced, None, plan.cluster, "megatron-tp")
+    assert replicated.program.source_layouts["x"] == Replicate()     # tensor parallel: every rank reads all rows
+    assert batch_rows(replicated) == [80, 80, 80]
