@@ -155,6 +155,10 @@ def _check_stage_options(traced: Traced, stages: int | str, microbatches: int | 
         raise UserError(f"--microbatches {microbatches}: expected a positive number")
     if microbatches is not None and microbatches > batch_size(traced.graph):
         raise UserError(f"--microbatches {microbatches} is more than the batch of {batch_size(traced.graph)} samples")
+    if microbatches is not None and microbatches > 1:      # refused in one line if samples are coupled
+        from synth.microbatching import loss_split
+
+        loss_split(traced.graph)
     if schedule is not None and schedule not in SCHEDULES:
         raise UserError(f"--schedule {schedule}: expected one of {', '.join(SCHEDULES)}")
 

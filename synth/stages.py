@@ -148,6 +148,7 @@ class StagePlanner(GroupJobs):
         self._shared: tuple | None = None      # the group work shared with a child (start_groups)
         self.shared_counts: dict[str, float] = {}   # how the group work was shared (not in plans: timing decides)
         self._baseline: StagePlanner | None = None
+        self._splits_batch: bool | None = None      # see splits_batch
 
     # ---- the graph's cut places: found when first asked (after the group jobs have started) ----------
     @functools.cached_property
@@ -260,8 +261,23 @@ class StagePlanner(GroupJobs):
 
     # ---- the search --------------------------------------------------------------------------------
     def microbatch_counts(self, groups: Sequence[Group]) -> list[int]:
-        """:func:`synth.stagespace.microbatch_counts` for this graph's batch."""
+        """:func:`synth.stagespace.microbatch_counts` for this graph's batch; one micro-batch only
+        when the model's samples are coupled (:mod:`synth.microbatching`)."""
+        if not self.splits_batch():
+            return [1]
         return stagespace.microbatch_counts(self.batch, groups)
+
+    def splits_batch(self) -> bool:
+        """Whether micro-batches compute the whole batch's loss and gradients (worked out once)."""
+        if self._splits_batch is None:
+            from synth.microbatching import MicroBatchingRefused, loss_split
+
+            try:
+                loss_split(self.graph, self.batch)
+                self._splits_batch = True
+            except MicroBatchingRefused:
+                self._splits_batch = False
+        return self._splits_batch
 
     def plan(self, *, stages: int | None = None, microbatches: int | None = None,
              schedule: str | None = None, incumbent_seconds: float | None = None) -> Pipeline | None:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from hapc.codegen import emitter
 from hapc.errors import UserError
-from hapc.ir.graph import Graph, TensorMeta, TorchFacts, Value, _from_jsonable, _jsonable
+from hapc.ir.graph import Graph, Ref, TensorMeta, TorchFacts, Value, _from_jsonable, _jsonable
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute
 from hapc.codegen import runtime_facts
@@ -59,7 +59,7 @@ def emit_pipeline(plan: Plan, out_dir: str | Path, micro: MicroTrace | None = No
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model_name, constants_sha256 = _copy_files(plan.model["file"], out, micro.graph, micro.constants)
-    source = render_pipeline(plan, micro.graph, model_name, micro.loss_reduction, constants_sha256)
+    source = render_pipeline(plan, micro.graph, model_name, micro.loss_reduction, constants_sha256, micro.loss_node)
     path = out / "program.py"
     path.write_text(source)
     return path
@@ -77,6 +77,7 @@ class MicroTrace:
     loss_reduction: str = "mean"
     rows: int = 0                 # samples per micro-batch
     record: dict[str, Any] = field(default_factory=dict)    # see micro_batch_record
+    loss_node: str | None = None    # the loss whose counted targets weigh micro-batches ("count")
 
 
 def micro_batch_graph(plan: Plan) -> MicroTrace:
@@ -85,8 +86,10 @@ def micro_batch_graph(plan: Plan) -> MicroTrace:
     checked node for node against the plan's whole-batch graph."""
     rows = _micro_batch_rows(plan)
     record = plan.microbatch_record
-    if record is not None and record.get("rows") == rows:
-        return MicroTrace(_graph_from_record(plan.graph, record), {}, record["loss_reduction"], rows, record)
+    # A record without "loss_node" predates exact micro-batch weighing (synth.microbatching): traced again.
+    if record is not None and record.get("rows") == rows and "loss_node" in record:
+        return MicroTrace(_graph_from_record(plan.graph, record), {}, record["loss_reduction"], rows, record,
+                          record["loss_node"])
     return _traced_micro_batch(plan, rows)
 
 
@@ -111,11 +114,12 @@ def _traced_micro_batch(plan: Plan, rows: int) -> MicroTrace:
     traced = _trace(mf, inputs)
     graph = autocast_graph(traced.graph, plan.precision.name)
     _check_same_structure(plan.graph, graph, batch, rows)
-    reduction = loss_reduction(graph)
-    return MicroTrace(graph, traced.constants, reduction, rows, _record(plan.graph, graph, rows, reduction))
+    split = loss_split_of(graph, plan.pipeline.microbatches)
+    return MicroTrace(graph, traced.constants, split.kind, rows,
+                      _record(plan.graph, graph, rows, split.kind, split.node), split.node)
 
 
-def _record(whole: Graph, micro: Graph, rows: int, reduction: str) -> dict[str, Any]:
+def _record(whole: Graph, micro: Graph, rows: int, reduction: str, loss_node: str | None) -> dict[str, Any]:
     """What ``micro`` changes of ``whole`` (same structure), JSON-ready: values with other
     metadata, nodes with other arguments, torch's facts when they differ."""
     values = {name: [list(v.meta.shape), v.meta.dtype, v.kind, v.target, v.requires_grad]
@@ -123,7 +127,8 @@ def _record(whole: Graph, micro: Graph, rows: int, reduction: str) -> dict[str, 
     nodes = {b.name: [_jsonable(b.args), _jsonable(b.kwargs), b.mutates]
              for a, b in zip(whole.nodes, micro.nodes)
              if (a.args, a.kwargs, a.mutates) != (b.args, b.kwargs, b.mutates)}
-    out: dict[str, Any] = {"rows": rows, "loss_reduction": reduction, "values": values, "nodes": nodes}
+    out: dict[str, Any] = {"rows": rows, "loss_reduction": reduction, "loss_node": loss_node, "values": values,
+                           "nodes": nodes}
     if micro.torch_facts != whole.torch_facts and micro.torch_facts is not None:
         out["torch_facts"] = micro.torch_facts.to_dict()
     return out
@@ -266,9 +271,10 @@ def _producers(graph: Graph) -> dict[str, int]:
 # ---- rendering ---------------------------------------------------------------------------------
 
 def render_pipeline(plan: Plan, graph: Graph, model_name: str, reduction: str | None = None,
-                    constants_sha256: str | None = None) -> str:
-    """The text of a pipelined ``program.py`` (``reduction``: the loss's, see :func:`loss_reduction`;
-    read from ``graph`` when not given; ``constants_sha256``: see :func:`emitter.save_constants`)."""
+                    constants_sha256: str | None = None, loss_node: str | None = None) -> str:
+    """The text of a pipelined ``program.py`` (``reduction`` and ``loss_node``: how micro-batches'
+    losses add up, see :func:`loss_split_of`; worked out from ``graph`` when not given;
+    ``constants_sha256``: see :func:`emitter.save_constants`)."""
     from costmodel.groups import sub_cluster
 
     pipe = plan.pipeline
@@ -285,14 +291,18 @@ def render_pipeline(plan: Plan, graph: Graph, model_name: str, reduction: str | 
         if missing:
             raise UserError(f"stage {k} reads {missing[0]} before its stage computes it (a plan out of order)")
     tables = [_stage_table(k, code, crossing, codes) for k, code in enumerate(codes)]
-    forwards = [_stage_forward(k, code, crossing) for k, code in enumerate(codes)]
+    if reduction is None:
+        split = loss_split_of(graph, pipe.microbatches)
+        reduction, loss_node = split.kind, split.node
+    count = loss_count_spec(graph, codes[-1], loss_node) if reduction == "count" else None
+    forwards = [_stage_forward(k, code, crossing, count) for k, code in enumerate(codes)]
     holders: dict[str, list[int]] = {}
     for k, code in enumerate(codes):
         for name in code.sources:
             if graph.values[name].kind == "param":
                 holders.setdefault(name, []).append(k)
     body = "\n".join([
-        _globals(plan, graph, model_name, pipe, holders, reduction or loss_reduction(graph), constants_sha256),
+        _globals(plan, graph, model_name, pipe, holders, reduction, count, constants_sha256),
         emitter._precision_tables(plan.precision),
         "",
         "# One table per stage: its group's global ranks, its SPMD tables at micro-batch shapes",
@@ -315,7 +325,7 @@ def render_pipeline(plan: Plan, graph: Graph, model_name: str, reduction: str | 
 
 
 def _globals(plan: Plan, graph: Graph, model_name: str, pipe: Any, holders: dict[str, list[int]],
-             reduction: str, constants_sha256: str | None) -> str:
+             reduction: str, count: dict[str, Any] | None, constants_sha256: str | None) -> str:
     from synth.stagespace import batch_size
 
     whole = plan.graph
@@ -333,9 +343,7 @@ def _globals(plan: Plan, graph: Graph, model_name: str, pipe: Any, holders: dict
         "",
         f"# The pipeline: {len(pipe.stages)} stages, {m} micro-batches of {batch // m} samples, {pipe.schedule} schedule.",
         f"MICROBATCHES, SCHEDULE = {m}, {pipe.schedule!r}",
-        f"# The model's loss is a {reduction} over its batch: the step's loss is "
-        + ("the mean of the micro-batch losses." if reduction == "mean" else "their sum."),
-        f"LOSS, LOSS_SCALE = {graph.output!r}, {1.0 / m if reduction == 'mean' else 1.0!r}",
+        *_loss_lines(graph, reduction, count, m),
         emitter._dict("PARAMS: dict[str, str]", {p: graph.values[p].target for p in graph.params}),
         emitter._dict("BUFFERS: dict[str, str]", {b: graph.values[b].target for b in graph.buffers}),
         emitter._dict("CONSTANTS: dict[str, str]",
@@ -373,26 +381,43 @@ def uses_dropout(graph: Graph) -> bool:
     return False
 
 
-def loss_reduction(graph: Graph) -> str:
-    """"sum" when the loss node reduces with a sum (``aten.sum`` or ``reduction=2``), else
-    "mean" (a mean of equal micro-batches' means is the batch's mean)."""
-    node = next((n for n in graph.nodes if graph.output in n.outputs), None)
-    if node is None:
-        return "mean"
-    if node.op.startswith("aten.sum."):
-        return "sum"
-    import torch
+def loss_split_of(graph: Graph, microbatches: int) -> Any:
+    """How the step adds up its micro-batches' losses (:func:`synth.microbatching.loss_split`):
+    a mean (each weighs 1/m), a sum (each 1) or a mean over counted targets (each its count, the
+    total divided by theirs); a model whose samples are coupled is refused (one line naming the
+    op). One micro-batch is the whole batch: its loss is the model's."""
+    from synth.microbatching import LossSplit, loss_split
 
-    try:
-        ns, packet, overload = node.op.split(".", 2)
-        schema = getattr(getattr(getattr(torch.ops, ns), packet), overload)._schema
-    except (AttributeError, ValueError, RuntimeError):
-        return "mean"
-    for i, arg in enumerate(schema.arguments):
-        if arg.name == "reduction":
-            value = node.kwargs.get("reduction", node.args[i] if i < len(node.args) else 1)
-            return "sum" if value == 2 else "mean"
-    return "mean"
+    return LossSplit("mean") if microbatches == 1 else loss_split(graph)
+
+
+def loss_reduction(graph: Graph, microbatches: int = 2) -> str:
+    """:func:`loss_split_of`'s kind: ``"mean"``, ``"sum"`` or ``"count"``."""
+    return loss_split_of(graph, microbatches).kind
+
+
+def loss_count_spec(graph: Graph, code: _StageCode, loss_node: str | None) -> dict[str, Any]:
+    """What the last stage counts for a ``"count"`` loss: the loss node's target, its ignored id
+    and class weights (``cross_entropy``/``nll_loss`` take them at the same positions), and
+    whether the stage holds the target in pieces (then the group sums the pieces' counts)."""
+    if loss_node is None:
+        raise UserError("a loss over counted targets without its loss node (a damaged plan record)")
+    node = graph.node(loss_node)
+
+    def arg(pos: int, name: str, default: Any) -> Any:
+        return node.args[pos] if len(node.args) > pos else node.kwargs.get(name, default)
+
+    target, weight, ignore = arg(1, "target", None), arg(2, "weight", None), arg(4, "ignore_index", -100)
+    target = target.name if isinstance(target, Ref) else None
+    weight = weight.name if isinstance(weight, Ref) else None
+    held = set(code.sources) | set(code.needs) | code.produced
+    missing = [x for x in (target, weight) if x is not None and x not in held]
+    if target is None or missing:
+        raise UserError(f"the loss node {node.name} counts targets the last stage does not hold "
+                        f"({', '.join(missing) or 'no target'}); use --microbatches 1")
+    sharded = isinstance(code.program.layouts().get(target), Shard)
+    return {"node": node.name, "target": target, "ignore_index": int(ignore), "weight": weight,
+            "sharded": sharded}
 
 
 def _stage_table(k: int, code: _StageCode, crossing: list[list[str]], codes: list[_StageCode]) -> str:
@@ -440,9 +465,25 @@ def _stage_table(k: int, code: _StageCode, crossing: list[list[str]], codes: lis
             f"on ranks {list(code.ranks)}\n    {{\n{inner}    }}")
 
 
-def _stage_forward(k: int, code: _StageCode, crossing: list[list[str]]) -> str:
+def _loss_lines(graph: Graph, reduction: str, count: dict[str, Any] | None, m: int) -> list[str]:
+    """The globals that say how the step adds up its micro-batches' losses (see
+    :func:`loss_reduction`)."""
+    if count is not None:
+        return ["# The model's loss is a mean over counted targets (ignored ids and class weights change the",
+                "# count, which depends on the data): each micro-batch's loss weighs its count, and the step",
+                "# divides the sum, and every gradient, by the whole batch's count.",
+                f"LOSS, LOSS_SCALE = {graph.output!r}, 1.0",
+                f"LOSS_COUNT: dict[str, Any] | None = {count!r}"]
+    what = "the mean of the micro-batch losses." if reduction == "mean" else "their sum."
+    return [f"# The model's loss is a {reduction} over its batch: the step's loss is {what}",
+            f"LOSS, LOSS_SCALE = {graph.output!r}, {1.0 / m if reduction == 'mean' else 1.0!r}",
+            "LOSS_COUNT: dict[str, Any] | None = None"]
+
+
+def _stage_forward(k: int, code: _StageCode, crossing: list[list[str]], count: dict[str, Any] | None = None) -> str:
     """``stage_k(rt, v)``: the stage's steps, one line each, as the one-stage ``forward`` writes
-    them; returns the values it sends (this rank's pieces) or, last, the loss."""
+    them; returns the values it sends (this rank's pieces) or, last, the loss (and, for a loss
+    over counted targets, the target and class weights the runtime counts)."""
     program, graph = code.program, code.program.graph
     names = emitter._Names(program)
     nodes = {n.name: n for n in graph.nodes}
@@ -467,7 +508,7 @@ def _stage_forward(k: int, code: _StageCode, crossing: list[list[str]]) -> str:
     if k + 1 < len(crossing):
         out = [b for b in crossing[k + 1] if b in code.produced]
     else:
-        out = [graph.output]
+        out = [graph.output] + [x for x in ((count or {}).get("target"), (count or {}).get("weight")) if x]
     lines.append("    return {" + ", ".join(f"{b!r}: {names[b]}" for b in out) + "}")
     return "\n".join(lines)
 
@@ -516,4 +557,5 @@ def _copy_files(model_file: str, out: Path, graph: Graph, constants: dict | None
     return model_name, emitter.save_constants(out, graph, constants)
 
 
-__all__ = ["MicroTrace", "emit_pipeline", "loss_reduction", "micro_batch_graph", "on_graph", "render_pipeline"]
+__all__ = ["MicroTrace", "emit_pipeline", "loss_reduction", "loss_split_of", "micro_batch_graph", "on_graph",
+           "render_pipeline"]

@@ -30,8 +30,13 @@ micro-batches' activations held). GPipe: every forward, then every backward. Sen
 posted asynchronously and waited for at the end of the step; receives block, so a stage
 waits exactly for the data it needs and the schedules cannot deadlock.
 
-**Loss.** The model's loss is a mean over its batch (checked at compile time, ``LOSS_SCALE``
-is ``1/m``; a summed loss gets 1), so the step's loss is the mean of the micro-batch losses.
+**Loss.** How micro-batches add up was decided at compile time from the graph
+(``synth.microbatching``; a model whose samples are coupled is refused there). A mean over the
+batch: ``LOSS_SCALE`` is ``1/m``; a sum: 1. A mean over counted targets (``LOSS_COUNT``: labels
+with an ignored id, class weights): the last stage counts each micro-batch's targets (summed over
+its group when it holds them in pieces), back-propagates the micro-batch loss times that count,
+and at the end every rank divides its gradients, and the step's loss, by the whole batch's count
+(sent from the last stage with the loss); a micro-batch with nothing to count adds nothing.
 Gradients accumulate over micro-batches; each group then all-reduces its replicated
 parameters' gradients once, and parameters that several stages read (a head tied to the
 embedding) have their gradients summed across those stages' first ranks.
@@ -82,6 +87,7 @@ class _InFlight:
     received: list[torch.Tensor]               # whole boundary tensors from the previous stage
     outputs: list[torch.Tensor | None] = field(default_factory=list)   # sent ones carrying a gradient
     loss: torch.Tensor | None = None            # the last stage's micro-batch loss (this rank's piece)
+    count: torch.Tensor | None = None           # its counted targets (a LOSS_COUNT loss; the whole micro-batch's)
 
 
 class PipelineTrainer:
@@ -141,26 +147,57 @@ class PipelineTrainer:
         batch = tuple(batch)
         if len(batch) != len(P.INPUTS):
             raise ValueError(f"the model takes {len(P.INPUTS)} inputs, got {len(batch)}")
-        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        # The step's loss and, for a LOSS_COUNT loss, the batch's count: both from the last stage.
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)
         if self.stage_index is not None:
             m = P.MICROBATCHES
             in_flight: dict[int, _InFlight] = {}
-            losses = []
+            losses, counts = [], []
             for phase, i in schedule_order(P.SCHEDULE, len(P.STAGES), self.stage_index, m):
                 if phase == FORWARD:
                     in_flight[i] = self._forward(self._microbatch(batch, i), i)
                 else:
-                    losses.append(self._backward(in_flight.pop(i)))
+                    mb = in_flight.pop(i)
+                    losses.append(self._backward(mb))
+                    counts.append(mb.count)
             self.sync.finish()                   # once, after the last micro-batch
             self._wait_sends()
             self._sum_shared_gradients()
             if self.last:
-                total = torch.stack(losses).sum() * P.LOSS_SCALE
+                loss = torch.stack(losses).sum()          # each already weighed (_backward)
                 if self.stage["loss_partial"] and self.comm.world > 1:
-                    dist.all_reduce(total, group=self.comm.group)
+                    dist.all_reduce(loss, group=self.comm.group)
+                total[0] = loss
+                if P.LOSS_COUNT:
+                    total[1] = torch.stack(counts).sum()
         self.steps_done += 1
         dist.broadcast(total, src=self.roots[-1])     # from the last stage to every rank
-        return total
+        if P.LOSS_COUNT:
+            self._divide_gradients(total[1])
+            return (total[0] / total[1]).float()
+        return total[0].float()
+
+    def _divide_gradients(self, count: torch.Tensor) -> None:
+        """A LOSS_COUNT loss: every gradient so far is the sum over counted targets; the model's
+        mean divides by their number."""
+        for leaf in self.sources.values():
+            if leaf.grad is not None:
+                leaf.grad.div_(count.to(leaf.grad.dtype))
+
+    def _count(self, results: dict[str, torch.Tensor]) -> torch.Tensor:
+        """What the loss node's mean divides by on this micro-batch: its targets that are not the
+        ignored id, or the sum of their class weights (as ``cross_entropy``/``nll_loss`` count)."""
+        spec = self.P.LOSS_COUNT
+        target = results[spec["target"]]
+        counted = target != spec["ignore_index"]
+        if spec["weight"] is not None:
+            weight = results[spec["weight"]]
+            count = (weight[target.clamp(0, weight.numel() - 1)].double() * counted).sum()
+        else:
+            count = counted.sum().double()
+        if spec["sharded"] and self.comm.world > 1:
+            dist.all_reduce(count, group=self.comm.group)
+        return count
 
     def _microbatch(self, batch: tuple[torch.Tensor, ...], i: int) -> dict[str, torch.Tensor]:
         """Micro-batch ``i`` of the inputs this stage reads (rows ``[i*b, (i+1)*b)`` of each
@@ -188,7 +225,8 @@ class PipelineTrainer:
             results = self.forward(self.rt, v)
         tied, self.rt.tied = self.rt.tied, []
         if self.last:
-            return _InFlight(received, loss=P.C.tie(results[P.LOSS].reshape(()), tied))
+            count = self._count(results) if P.LOSS_COUNT else None
+            return _InFlight(received, loss=P.C.tie(results[P.LOSS].reshape(()), tied), count=count)
         sends = []
         for base, _, dtype, _, layout in st["send"]:
             t = whole[base] if layout == "pass" else self._whole(results[base], base, layout)
@@ -201,17 +239,21 @@ class PipelineTrainer:
                                             for k, entry in enumerate(st["send"]) if entry[3]])
 
     def _backward(self, mb: _InFlight) -> torch.Tensor:
-        """Backward of one micro-batch; returns its loss (last stage) or 0."""
+        """Backward of one micro-batch; returns its weighted loss (last stage) or 0."""
         P, st = self.P, self.stage
-        loss_value = torch.zeros((), dtype=torch.float32, device=self.device)
+        loss_value = torch.zeros((), dtype=torch.float64, device=self.device)
         if self.last:
             loss = mb.loss
-            loss_value = loss.detach().float()
+            # The loss weighs its count (a LOSS_COUNT loss; none counted: it adds nothing, and its
+            # 0/0 mean is not back-propagated) or LOSS_SCALE.
+            weight = P.LOSS_SCALE if mb.count is None else mb.count.to(loss.dtype)
+            loss_value = (loss.detach() * weight).double() if mb.count is None or mb.count > 0 else \
+                torch.zeros((), dtype=torch.float64, device=self.device)
             if not st["loss_partial"] and self.comm.rank != 0:
                 loss_value = loss_value * 0           # a replicated loss is counted once
-            if loss.requires_grad:
+            if loss.requires_grad and (mb.count is None or mb.count > 0):
                 # A Partial loss: every rank back-propagates its piece; a replicated one, rank 0's.
-                (loss * P.LOSS_SCALE if st["loss_partial"] or self.comm.rank == 0 else loss * 0).backward()
+                (loss * weight if st["loss_partial"] or self.comm.rank == 0 else loss * 0).backward()
         else:
             grads = self._receive_gradients()
             pairs = [(t, g) for t, g in zip(mb.outputs, grads) if t is not None]

@@ -165,10 +165,13 @@ def test_a_plan_emits_without_torch_the_program_torch_would_write(plans, tmp_pat
 
 def test_a_pipelined_plan_records_its_micro_batch_graph(plans, tmp_path):
     """save() records what the micro-batch trace changes (shapes with the batch, view sizes,
-    the loss's reduction); a record for another micro-batch is not used (traced again)."""
+    how the micro-batches' losses add up: the GPT's cross-entropy is a mean over counted
+    targets); a record for another micro-batch, or from before exact weighing (no loss node),
+    is not used (traced again)."""
     plan = Plan.load(plans["pipelined"])
     record = plan.microbatch_record
-    assert record is not None and record["rows"] == 2 and record["loss_reduction"] == "mean"
+    assert record is not None and record["rows"] == 2
+    assert (record["loss_reduction"], record["loss_node"]) == ("count", "cross_entropy_loss")
     assert record["values"] and record["nodes"]
     first_input = plan.graph.inputs[0]
     assert plan.graph.meta(first_input).shape[0] == 4 and record["values"][first_input][0][0] == 2   # 4 -> 2 rows
@@ -179,6 +182,8 @@ def test_a_pipelined_plan_records_its_micro_batch_graph(plans, tmp_path):
     plan.microbatch_record = dict(record, rows=3)                        # another micro-batch's record
     traced = micro_batch_graph(plan)
     assert traced.record == record and traced.graph.values == rebuilt.values
+    plan.microbatch_record = {k: v for k, v in record.items() if k != "loss_node"}    # an older record
+    assert micro_batch_graph(plan).record == record
     assert [(n.args, n.kwargs) for n in traced.graph.nodes] == [(n.args, n.kwargs) for n in rebuilt.nodes]
 
 

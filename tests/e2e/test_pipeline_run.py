@@ -92,7 +92,8 @@ def test_emitted_tables_describe_each_stage_at_micro_batch_shapes(three_stage_pr
     plan, program = three_stage_program
     stages = program.STAGES
     assert [st["ranks"] for st in stages] == [(0,), (1, 2), (3, 4, 5)]
-    assert program.MICROBATCHES == 2 and program.LOSS_SCALE == 0.5 and program.INPUT_SPLIT == (True, True)
+    assert program.MICROBATCHES == 2 and program.INPUT_SPLIT == (True, True)
+    assert program.LOSS_SCALE == 1.0 and program.LOSS_COUNT["node"] == "cross_entropy_loss"    # counted targets
     assert [st["inputs"] for st in stages] == [("idx",), (), ("targets",)]
     for a, b in zip(stages, stages[1:]):                 # what one stage sends, the next receives
         assert [s[:4] for s in a["send"]] == list(b["recv"]) and b["recv"]
@@ -130,7 +131,7 @@ def test_micro_batches_must_divide_the_batch(tmp_path):
         plan.emit(tmp_path)
 
 
-def test_loss_reduction_is_read_from_the_loss_node():
+def test_how_micro_batch_losses_add_up_is_read_from_the_graph():
     import torch
     import torch.nn.functional as F
 
@@ -143,11 +144,15 @@ def test_loss_reduction_is_read_from_the_loss_node():
             self.lin, self.reduction = torch.nn.Linear(4, 3), reduction
 
         def forward(self, x, y):
+            if self.reduction == "mse":
+                return F.mse_loss(self.lin(x), F.one_hot(y, 3).float())
             return F.cross_entropy(self.lin(x), y, reduction=self.reduction)
 
     x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
-    assert loss_reduction(trace(Tiny("mean"), (x, y)).graph) == "mean"
+    assert loss_reduction(trace(Tiny("mean"), (x, y)).graph) == "count"     # ignored labels change the divisor
     assert loss_reduction(trace(Tiny("sum"), (x, y)).graph) == "sum"
+    assert loss_reduction(trace(Tiny("mse"), (x, y)).graph) == "mean"
+    assert loss_reduction(trace(Tiny("mean"), (x, y)).graph, microbatches=1) == "mean"
 
 
 def test_dropout_is_found_so_that_verify_can_refuse_it():
@@ -224,6 +229,25 @@ def test_hugging_face_gpt2_pipelined_across_two_nodes_under_gpipe_verifies(tmp_p
                            group_program="dp-flops")
     outs = _launch(_emit(plan, tmp_path), [2, 2], "--steps", "1", "--verify")
     assert "verify: ok" in outs[0]
+
+
+LOSSES = REPO / "tests" / "e2e" / "families" / "losses.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss, cluster, groups, m", [
+    ("masked_mean", TWO_NODES, [(0, 1), (2, 3)], 2),           # counts 4 and 24: mean of means is off by 0.27
+    ("class_weights", TWO_NODES, [(0, 1, 2), (3,)], 2),        # a replicated loss on one rank
+    ("nothing_counted", THREE_NODES, [(0,), (1, 2), (3, 4, 5)], 4),   # micro-batches that count nothing
+    ("sum", TWO_NODES, [(0, 1), (2, 3)], 4),
+])
+def test_micro_batched_losses_add_up_to_the_whole_batchs(tmp_path, loss, cluster, groups, m):
+    """Losses whose micro-batches weigh differently (issue 24): a mean over counted targets
+    weighs each micro-batch by its count, and every gradient is divided by the batch's."""
+    plan = forced_pipeline(LOSSES, {"loss": loss, "batch": 8}, cluster, groups, [0.5] if len(groups) == 2 else
+                           [0.3, 0.6], m, group_program="dp-flops")
+    outs = _launch(_emit(plan, tmp_path), [len(n.devices) for n in plan.cluster.nodes], "--steps", "2", "--verify")
+    assert "verify: ok" in outs[0], outs[0][-2000:]
 
 
 GROUP_WORKER = """
