@@ -36,6 +36,11 @@ PENDING_BLOCKS = {"inplace_slice": (), "inplace_mask": (), "inplace_index": ()}
 ACTS = ("gelu", "relu", "tanh", "silu", "sigmoid")
 REDUCTIONS = ("center", "seq_mean", "amax", "sum_scale")
 HEADS = ("ce", "ce_tied", "mse", "mean_sq")
+# Loss heads for the micro-batching fuzz only (the whole-chain corpus keeps HEADS): a mean over
+# counted targets (labels with ignored ids), a summed cross-entropy, and a contrastive loss that
+# couples every sample with every other.
+MICRO_HEADS = ("ce_masked", "ce_sum", "contrastive")
+CLASS_HEADS = ("ce", "ce_masked", "ce_sum")
 
 
 def pending_enabled() -> bool:
@@ -72,8 +77,11 @@ class ModelSpec:
             x = torch.randint(0, self.vocab, lead, generator=gen)
         else:
             x = torch.randn(*lead, self.hidden, generator=gen)
-        if self.head in ("ce", "ce_tied"):
+        if self.head in ("ce", "ce_tied", "ce_masked", "ce_sum"):
             y = torch.randint(0, self.vocab, lead, generator=gen)
+            if self.head == "ce_masked":        # about half the labels ignored, unevenly over the batch
+                y = y.masked_fill(torch.rand(lead, generator=gen) < torch.linspace(0.9, 0.1, self.batch).view(
+                    -1, *([1] * (len(lead) - 1))), -100)
         elif self.head == "mse":
             y = torch.randn(*lead, model.width, generator=gen)
         else:
@@ -98,7 +106,7 @@ class FuzzModel(nn.Module):
                 for p in layer.parameters():
                     p.requires_grad_(False)
         self.width = width
-        if spec.head == "ce":
+        if spec.head in CLASS_HEADS:
             self.out = nn.Linear(width, spec.vocab)
         elif spec.head == "ce_tied":
             self.proj = nn.Linear(width, spec.hidden)      # back to the embedding's width
@@ -108,9 +116,13 @@ class FuzzModel(nn.Module):
         h = self.embed(x) if spec.tokens else x
         for block, layer in zip(spec.blocks, self.layers):
             h = _apply(block, layer, h, spec)
-        if spec.head == "ce":
+        if spec.head in CLASS_HEADS:
             logits = self.out(h)
-            return F.cross_entropy(logits.reshape(-1, spec.vocab), y.reshape(-1))
+            return F.cross_entropy(logits.reshape(-1, spec.vocab), y.reshape(-1),
+                                   reduction="sum" if spec.head == "ce_sum" else "mean")
+        if spec.head == "contrastive":
+            pooled = h.reshape(h.shape[0], -1)
+            return F.cross_entropy(pooled @ pooled.T, torch.arange(h.shape[0]))
         if spec.head == "ce_tied":
             logits = F.linear(self.proj(h), self.embed.weight)      # the tied weight, used twice
             return F.cross_entropy(logits.reshape(-1, spec.vocab), y.reshape(-1))
@@ -242,13 +254,15 @@ def blocks(draw, seq: bool, hidden: int, pending: bool) -> Block:
 
 
 @st.composite
-def model_specs(draw, max_blocks: int = 4, pending: bool | None = None) -> ModelSpec:
-    """A random small model: sizes from :data:`ODD_SIZES`, 0-``max_blocks`` blocks, a loss head."""
+def model_specs(draw, max_blocks: int = 4, pending: bool | None = None,
+                extra_heads: tuple[str, ...] = ()) -> ModelSpec:
+    """A random small model: sizes from :data:`ODD_SIZES`, 0-``max_blocks`` blocks, a loss head
+    (of :data:`HEADS`, and ``extra_heads``)."""
     pending = pending_enabled() if pending is None else pending
     seq = draw(st.sampled_from((0, 1, 2, 3, 5, 7)))
     hidden = draw(st.sampled_from(ODD_SIZES))
     tokens = draw(st.booleans())
-    head = draw(st.sampled_from(HEADS if tokens else HEADS[:1] + HEADS[2:]))
+    head = draw(st.sampled_from((HEADS if tokens else HEADS[:1] + HEADS[2:]) + extra_heads))
     n = draw(st.integers(0, max_blocks))
     width_blocks = []
     width = hidden
@@ -263,7 +277,7 @@ def model_specs(draw, max_blocks: int = 4, pending: bool | None = None) -> Model
             width += 1
     param_blocks = {"linear", "mlp_residual", "merge", "twice", "scale", "layernorm", "rmsnorm", "attention",
                     "conv", "inplace_slice", "inplace_mask", "inplace_index"}
-    if not tokens and head != "ce" and not any(b.kind in param_blocks and not b.frozen for b in width_blocks):
+    if not tokens and head not in CLASS_HEADS and not any(b.kind in param_blocks and not b.frozen for b in width_blocks):
         width_blocks.append(Block("scale"))      # a training program needs something to train
     return ModelSpec(batch=draw(st.sampled_from(ODD_SIZES[:8])), hidden=hidden, seq=seq, tokens=tokens,
                      vocab=draw(st.sampled_from((2, 3, 5, 7, 11))), blocks=tuple(width_blocks), head=head,

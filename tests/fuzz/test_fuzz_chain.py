@@ -17,7 +17,8 @@ import pytest
 from hypothesis import event, given
 
 from tests.fuzz.chain import check_case, replicated_bytes
-from tests.fuzz.models import Block, ClusterSpec, ModelSpec, cluster_specs, model_specs
+from tests.fuzz.microbatch import check_microbatching
+from tests.fuzz.models import MICRO_HEADS, Block, ClusterSpec, ModelSpec, cluster_specs, model_specs
 from tests.fuzz.settings import cases, fuzz
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,6 +42,21 @@ def test_whole_chain_quick(model_spec, cluster_spec):
 @given(model_specs(), cluster_specs())
 def test_whole_chain(model_spec, cluster_spec):
     _record(check_case(model_spec, cluster_spec))
+
+
+# ---- micro-batches add up to the whole batch, or are refused (issue 24) --------------------------
+
+@fuzz(cases("FUZZ_QUICK_CASES", 3) * 4)
+@given(model_specs(max_blocks=3, extra_heads=MICRO_HEADS))
+def test_micro_batches_add_up_or_are_refused_quick(model_spec):
+    event(f"micro-batching: {check_microbatching(model_spec)}")
+
+
+@pytest.mark.slow
+@fuzz(cases("FUZZ_MICRO_CASES", 400))
+@given(model_specs(extra_heads=MICRO_HEADS))
+def test_micro_batches_add_up_or_are_refused(model_spec):
+    event(f"micro-batching: {check_microbatching(model_spec)}")
 
 
 # ---- a few found plans, for real: emitted, run under torchrun on gloo with --verify -------------
