@@ -346,13 +346,15 @@ class ReplayDraws(TorchDispatchMode):
     draws the global values of the k-th random node the program ran (``ran``: ``(op, node)`` of
     each local op of the step seeded ``step_seed``, in order). Ops are matched at the aten level,
     where eager and traced calls have the same names but for in-place forms (:data:`EAGER_TWINS`).
-    A call of another kind than the node's keeps torch's draw, and ``--verify`` then reports the
-    difference. Dropout is replayed by its own patch; :meth:`paused` keeps this mode out of it."""
+    A call of another kind than the next node's keeps torch's draw and leaves that node for the
+    next call (``--verify`` then reports any difference it makes). Dropout is replayed by its own
+    patch; :meth:`paused` keeps this mode out of the draws torch's dropout makes inside."""
 
     def __init__(self, step_seed: int, ran: Sequence[tuple[str, str]]) -> None:
         super().__init__()
         self.step_seed = step_seed
-        self.nodes = iter([(op, node) for op, node in ran if op in RANDOM_OPS])
+        self.nodes = [(op, node) for op, node in ran if op in RANDOM_OPS]
+        self.next = 0
         self._paused = False
 
     @contextlib.contextmanager
@@ -370,8 +372,9 @@ class ReplayDraws(TorchDispatchMode):
         out = func(*args, **kwargs)
         if self._paused or op not in RANDOM_OPS:
             return out
-        traced, node = next(self.nodes, (None, None))
+        traced, node = self.nodes[self.next] if self.next < len(self.nodes) else (None, None)
         if traced != op:
             return out
+        self.next += 1
         value = draw(op, node, self.step_seed, tuple(out.shape), None, args, kwargs)
         return out.copy_(value) if called != op else value
