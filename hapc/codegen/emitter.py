@@ -14,8 +14,9 @@ the plan pasted in as data and one function:
   per-layer table rows written as loops (:mod:`hapc.codegen.indexed`), so the program grows
   with the distinct blocks of the model, not its depth.
 
-Beside it go a copy of the model file and copies of :mod:`hapc.runtime.local_ops` and
-:mod:`hapc.runtime.collectives`, so the directory runs anywhere torch does.
+Beside it go a copy of the model file and copies of :mod:`hapc.runtime.local_ops`,
+:mod:`hapc.runtime.random_ops` and :mod:`hapc.runtime.collectives`, so the directory runs anywhere
+torch does.
 
 Writing the program never imports torch (nor the runtime, which does): what it needs from
 torch was recorded in the graph at trace time (:mod:`hapc.frontend.torchfacts`), and what it needs from
@@ -46,7 +47,8 @@ from hapc.frontend.torchfacts import Facts
 SKELETON = Path(__file__).with_name("skeleton.py")
 SKELETON_MAIN = Path(__file__).with_name("skeleton_main.py")     # the program's second half
 # The runtime beside the program: copied, never imported (each imports torch).
-RUNTIME_FILES = {"hapc_local_ops.py": runtime_facts.LOCAL_OPS, "hapc_collectives.py": runtime_facts.COLLECTIVES,
+RUNTIME_FILES = {"hapc_local_ops.py": runtime_facts.LOCAL_OPS, "hapc_random_ops.py": runtime_facts.RANDOM_OPS,
+                 "hapc_collectives.py": runtime_facts.COLLECTIVES,
                  "hapc_checkpoint.py": runtime_facts.CHECKPOINT,   # --save/--load
                  "hapc_timings.py": runtime_facts.TIMINGS}         # --timings
 BEGIN = "# ==== generated: tables and forward (begin) ===="
@@ -54,7 +56,7 @@ END = "# ==== generated: tables and forward (end) ===="
 CONTINUED = "# ==== skeleton, continued ====\n"    # in skeleton_main.py: the program text follows
 OPTIMIZERS = ("adamw", "adam", "sgd")
 # Names the generated forward uses for itself; values never take them.
-RESERVED = {"rt", "v", "aten", "torch", "math", "L", "C", "M", "forward", "nodes", "params", "Any"}
+RESERVED = {"rt", "v", "aten", "torch", "math", "L", "R", "C", "M", "forward", "nodes", "params", "Any"}
 BLOCK_FUNCTION = re.compile(r"block_\d+")     # names of the block functions (hapc.codegen.by_block)
 _NOT_WORD = re.compile(r"\W+")
 
@@ -76,8 +78,7 @@ def emit(program: DistProgram, model_file: str, out_dir: str, *, model_kwargs: d
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model_name = Path(model_file).name
-    if model_name in ("program.py", "hapc_local_ops.py", "hapc_collectives.py", "hapc_checkpoint.py",
-                      "hapc_timings.py"):
+    if model_name in ("program.py", *RUNTIME_FILES):
         model_name = "model.py"
     if Path(model_file).resolve() != (out / model_name).resolve():
         shutil.copyfile(model_file, out / model_name)
@@ -390,7 +391,7 @@ def _compute(program: DistProgram, node: Node, step: Compute, names: _Names, ctx
         note = f"   # -> {layouts}" if not strat.is_replicated else ""
     else:
         made = ctx(node.name) if ctx is not None else f"rt.ctx({node.name!r})"
-        call = f"L.{strat.local}({', '.join([made] + args + kwargs)})"
+        call = f"{runtime_facts.local_op_module(strat.local)}.{strat.local}({', '.join([made] + args + kwargs)})"
         if runtime_facts.is_generator_local_op(strat.local):
             call = f"rt.drive({call})"
         lhs = outs[0] if len(outs) == 1 else ", ".join(outs)
@@ -553,8 +554,8 @@ Run (N = {n}; the rank's device comes from torchrun's LOCAL_RANK):
         [--save DIR [--save-every N]] [--load DIR]   # checkpoints load under any plan of the model
         [--timings]                                  # per-rank compute, comm and idle seconds
 
-Files beside this one: {model_name} (the model file), hapc_local_ops.py, hapc_collectives.py,
-hapc_checkpoint.py and hapc_timings.py (the runtime). Only torch is needed. The plan is data (the tables below); ``forward`` is one
+Files beside this one: {model_name} (the model file), hapc_local_ops.py, hapc_random_ops.py,
+hapc_collectives.py, hapc_checkpoint.py and hapc_timings.py (the runtime). Only torch is needed. The plan is data (the tables below); ``forward`` is one
 line per step of the plan, with the user's source line above the ops it produced; a block of steps
 repeated layer after layer is one function (``block_<k>``) that ``forward`` calls once per layer.
 

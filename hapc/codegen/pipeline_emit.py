@@ -356,7 +356,7 @@ def _globals(plan: Plan, graph: Graph, model_name: str, pipe: Any, holders: dict
         emitter._dict("PARAM_OWNER: dict[str, int]", {p: ks[0] for p, ks in holders.items()}),
         emitter._dict("SHARED_PARAMS: dict[str, tuple[int, ...]]",
                       {p: tuple(ks) for p, ks in holders.items() if len(ks) > 1}),
-        "# Dropout draws a mask per micro-batch, which the one-device reference of --verify cannot replay.",
+        "# Dropout (and any random op) draws per micro-batch, which the one-device reference of --verify cannot replay.",
         f"PIPELINE_DROPOUT = {uses_dropout(graph)!r}",
         "# One-stage tables the skeleton's helpers read (a pipeline's live in STAGES).",
         "SHARDS: dict[str, tuple[int, tuple[int, ...]]] = {}",
@@ -368,8 +368,11 @@ def _globals(plan: Plan, graph: Graph, model_name: str, pipe: Any, holders: dict
 
 
 def uses_dropout(graph: Graph) -> bool:
-    """Whether any dropout (or attention dropout) of the graph drops with p > 0."""
+    """Whether any dropout (or attention dropout) of the graph drops with p > 0, or any other
+    random op draws (hapc_random_ops: rand, bernoulli, ...)."""
     for node in graph.nodes:
+        if node.op in runtime_facts.random_ops():
+            return True
         if node.op == "aten.dropout.default":
             p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
             train = node.kwargs.get("train", node.args[2] if len(node.args) > 2 else True)
@@ -530,8 +533,8 @@ Run (one line per node; every node may be this host):
 
     {launch}
 
-Files beside this one: {model_name} (the model file), hapc_local_ops.py, hapc_collectives.py,
-hapc_pipeline.py (the schedule and the exchange between stages), hapc_checkpoint.py and
+Files beside this one: {model_name} (the model file), hapc_local_ops.py, hapc_random_ops.py,
+hapc_collectives.py, hapc_pipeline.py (the schedule and the exchange between stages), hapc_checkpoint.py and
 hapc_timings.py. Only torch is needed. Each stage's ``stage_k`` is one line per step of its
 group's plan; ``STAGES`` holds the tables.
 
@@ -547,8 +550,7 @@ def _copy_files(model_file: str, out: Path, graph: Graph, constants: dict | None
     """The model file and the runtime beside the program (as :func:`emitter.emit` does), plus
     hapc_pipeline.py; returns the model file's name there and constants.pt's SHA-256."""
     model_name = Path(model_file).name
-    if model_name in ("program.py", "hapc_local_ops.py", "hapc_collectives.py", "hapc_checkpoint.py",
-                      "hapc_timings.py", "hapc_pipeline.py"):
+    if model_name in ("program.py", *emitter.RUNTIME_FILES, "hapc_pipeline.py"):
         model_name = "model.py"
     if Path(model_file).resolve() != (out / model_name).resolve():
         shutil.copyfile(model_file, out / model_name)

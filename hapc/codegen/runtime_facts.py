@@ -27,6 +27,9 @@ from typing import Any
 RUNTIME = Path(__file__).resolve().parent.parent / "runtime"
 COLLECTIVES = RUNTIME / "collectives.py"     # copied as hapc_collectives.py
 LOCAL_OPS = RUNTIME / "local_ops.py"         # copied as hapc_local_ops.py
+RANDOM_OPS = RUNTIME / "random_ops.py"       # copied as hapc_random_ops.py
+# The files that define local ops, by the name the program gives each module (skeleton.py's L, R).
+LOCAL_OP_MODULES = {"L": LOCAL_OPS, "R": RANDOM_OPS}
 PIPELINE = RUNTIME / "pipeline.py"           # copied as hapc_pipeline.py (pipelined plans)
 CHECKPOINT = RUNTIME / "checkpoint.py"       # copied as hapc_checkpoint.py (--save/--load)
 TIMINGS = RUNTIME / "timings.py"             # copied as hapc_timings.py (--timings)
@@ -35,6 +38,13 @@ TIMINGS = RUNTIME / "timings.py"             # copied as hapc_timings.py (--timi
 @functools.cache
 def _collective_names() -> dict[str, Any]:
     return _module_constants(COLLECTIVES)
+
+
+@functools.cache
+def random_ops() -> frozenset[str]:
+    """The traced random ops the runtime draws with its counter-based generator
+    (``random_ops.RANDOM_OP_NAMES``)."""
+    return frozenset(_module_constants(RANDOM_OPS)["RANDOM_OP_NAMES"])
 
 
 def hierarchical() -> str:
@@ -50,9 +60,9 @@ def method_of(name: str) -> str:
 
 
 @functools.cache
-def _local_ops() -> dict[str, bool]:
-    """Each ``@local_op`` function's name -> whether it is a generator function."""
-    return _local_ops_in(ast.parse(LOCAL_OPS.read_text(), str(LOCAL_OPS)).body)
+def _local_ops(path: Path = LOCAL_OPS) -> dict[str, bool]:
+    """Each ``@local_op`` function's name in ``path`` -> whether it is a generator function."""
+    return _local_ops_in(ast.parse(path.read_text(), str(path)).body)
 
 
 def _local_ops_in(statements: list[ast.stmt]) -> dict[str, bool]:
@@ -61,11 +71,11 @@ def _local_ops_in(statements: list[ast.stmt]) -> dict[str, bool]:
 
 
 @functools.cache
-def _local_op(name: str) -> bool:
-    """Whether the local op ``name`` is a generator, from its definition alone when that can be
-    cut out of the file cleanly (one top-level ``def name(`` with its decorators), else from
-    the whole file; a KeyError when the runtime has no such local op."""
-    chunk = _definition(_local_op_chunks(), name)
+def _local_op(name: str, path: Path = LOCAL_OPS) -> bool:
+    """Whether the local op ``name`` of ``path`` is a generator, from its definition alone when
+    that can be cut out of the file cleanly (one top-level ``def name(`` with its decorators),
+    else from the whole file; a KeyError when the file has no such local op."""
+    chunk = _definition(_local_op_chunks(path), name)
     if chunk is not None:
         try:
             statements = ast.parse(chunk).body
@@ -73,13 +83,30 @@ def _local_op(name: str) -> bool:
             statements = []
         if len(statements) == 1 and isinstance(statements[0], ast.FunctionDef) and statements[0].name == name:
             return _local_ops_in(statements)[name]
-    return _local_ops()[name]
+    return _local_ops(path)[name]
+
+
+@functools.cache
+def local_op_module(name: str) -> str:
+    """The program's name (``L`` or ``R``) of the runtime module that defines local op ``name``;
+    a KeyError names an op neither defines. The file whose cut statements define it is found
+    without parsing; a whole file is parsed only when no definition can be cut out cleanly."""
+    for module, path in LOCAL_OP_MODULES.items():
+        if _definition(_local_op_chunks(path), name) is not None:
+            return module
+    for module, path in LOCAL_OP_MODULES.items():
+        try:
+            _local_op(name, path)
+        except KeyError:
+            continue
+        return module
+    raise KeyError(name)
 
 
 def is_generator_local_op(name: str) -> bool:
     """Whether the local op ``name`` yields collectives (and so runs under ``rt.drive``); a
     KeyError names an op the runtime does not define."""
-    return _local_op(name)
+    return _local_op(name, LOCAL_OP_MODULES[local_op_module(name)])
 
 
 def _is_generator(fn: ast.FunctionDef) -> bool:
@@ -156,8 +183,8 @@ def _top_level_chunks(text: str) -> list[str]:
 
 
 @functools.cache
-def _local_op_chunks() -> tuple[str, ...]:
-    return tuple(_top_level_chunks(LOCAL_OPS.read_text()))
+def _local_op_chunks(path: Path = LOCAL_OPS) -> tuple[str, ...]:
+    return tuple(_top_level_chunks(path.read_text()))
 
 
 def _definition(chunks: tuple[str, ...], name: str) -> str | None:

@@ -56,6 +56,7 @@ def _load(name: str, file: str):
 
 
 L = _load("hapc_local_ops", "hapc_local_ops.py")          # per-rank pieces of some ops
+R = _load("hapc_random_ops", "hapc_random_ops.py")        # random draws any rank can make for its piece
 C = _load("hapc_collectives", "hapc_collectives.py")      # uneven collectives, autograd duals
 aten = torch.ops.aten
 

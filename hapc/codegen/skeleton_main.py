@@ -30,13 +30,13 @@ from hapc.codegen.skeleton import (
     ALLOW_TF32,
     BUFFERS,
     C,
-    L,
     M,
     MODEL_FILE,
     NODE_SIZES,
     PARAMS,
     PRECISION,
     WORLD,
+    R,
     Trainer,
     _call_with,
     _load,
@@ -65,22 +65,27 @@ def verify_tolerance() -> tuple[float, float]:
 
 
 @contextlib.contextmanager
-def _program_dropout_masks(step_seed: int, ran: Sequence[tuple[str, str]]):
+def _program_dropout_masks(step_seed: int, ran: Sequence[tuple[str, str]], replay: Any):
     """While the single-device reference runs, ``F.dropout`` (what ``nn.Dropout`` calls) drops
     what the program dropped: the k-th call uses the mask of the k-th dropout node the program
     ran (``ran``: Rank.ran of the step seeded ``step_seed``). Without this the two sides draw
-    different masks and a model with dropout could never verify."""
+    different masks and a model with dropout could never verify. Other random ops are replayed
+    by ``replay`` (hapc_random_ops.ReplayDraws), kept out of the dropouts' own draws here."""
     nodes = iter([n for op, n in ran if op == "aten.dropout.default"])
     original = torch.nn.functional.dropout
 
     def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+        with replay.paused():
+            return _dropout(x, p, training, inplace)
+
+    def _dropout(x: torch.Tensor, p: float, training: bool, inplace: bool) -> torch.Tensor:
         node = next(nodes, None)
         if node is None or not training or p == 0.0 or p >= 1.0:
             return original(x, p, training, inplace)
         if WORLD == 1:                               # the program ran torch's kernel under this seed
-            with L.seeded_rng(node, step_seed, x.device):
+            with R.seeded_rng(node, step_seed, x.device):
                 return original(x, p, training, inplace)
-        keep = L.dropout_keep(node, step_seed, x.shape, p, device=x.device).to(x.dtype)
+        keep = R.dropout_keep(node, step_seed, x.shape, p, device=x.device).to(x.dtype)
         return x * keep / (1.0 - p)
 
     # Attention dropout likewise: the k-th scaled_dot_product_attention call with dropout_p > 0
@@ -90,14 +95,18 @@ def _program_dropout_masks(step_seed: int, ran: Sequence[tuple[str, str]]):
     original_sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        with replay.paused():
+            return _sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+    def _sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         node = next(attention_nodes, None) if dropout_p > 0.0 else None
         if node is None:
             return original_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
         if WORLD == 1:
-            with L.seeded_rng(node, step_seed, q.device):
+            with R.seeded_rng(node, step_seed, q.device):
                 return original_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-        keep = L.dropout_keep(node, step_seed, (*q.shape[:-1], k.shape[-2]), dropout_p, device=q.device)
-        return L.attention_with_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, keep)
+        keep = R.dropout_keep(node, step_seed, (*q.shape[:-1], k.shape[-2]), dropout_p, device=q.device)
+        return R.attention_with_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, keep)
 
     torch.nn.functional.dropout = dropout
     torch.nn.functional.scaled_dot_product_attention = sdpa
@@ -115,7 +124,10 @@ def verify(trainer: Trainer, loss: torch.Tensor, batch: Sequence[torch.Tensor]) 
     if trainer.rank == 0:
         ref = trainer.module.to(trainer.device)
         ref.zero_grad(set_to_none=True)
-        with _program_dropout_masks(trainer.seed, trainer.rt.ran), autocast(trainer.device):
+        # The reference draws what the program drew: dropout masks, and every other random op's
+        # values (the k-th random op called replays the k-th random node the program ran).
+        replay = R.ReplayDraws(trainer.seed, trainer.rt.ran)
+        with _program_dropout_masks(trainer.seed, trainer.rt.ran, replay), replay, autocast(trainer.device):
             ref_loss = ref(*[x.to(trainer.device) for x in batch])
         ref_loss.backward()
         checks = [("loss", loss.reshape(()), ref_loss.detach().reshape(()))]
@@ -314,8 +326,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "STAGES" in globals() and (args.save or args.load):
         parser.error("--save/--load: checkpoints of pipelined programs are not supported yet")
     if args.verify and globals().get("PIPELINE_DROPOUT"):
-        parser.error("--verify: this pipelined program's model uses dropout, whose masks per micro-batch the "
-                     "one-device reference cannot replay; verify with dropout 0")
+        parser.error("--verify: this pipelined program's model uses dropout or random ops (rand, bernoulli, ...), "
+                     "whose draws per micro-batch the one-device reference cannot replay; verify with dropout 0 "
+                     "and no random ops in forward")
 
     if "WORLD_SIZE" not in os.environ and WORLD == 1:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",

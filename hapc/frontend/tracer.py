@@ -26,6 +26,7 @@ from hapc.frontend.functionalize import functionalize
 from hapc.frontend.quiet import quiet_torch
 from hapc.frontend.torchfacts import record as record_torch_facts
 from hapc.ir.graph import Cost, Graph, Node, Ref, SourceLoc, TensorMeta, Value
+from hapc.runtime.random_ops import RANDOM_OPS
 
 # Ops that only reinterpret memory: they move no bytes.
 VIEW_OPS = {
@@ -50,7 +51,7 @@ NON_DIFFERENTIABLE_OPS = {
     "aten.ones_like.default", "aten.full_like.default", "aten.empty.memory_format",
     "aten.bitwise_not.default", "aten.logical_not.default", "aten.scalar_tensor.default",
     "aten.detach.default",
-}
+} | RANDOM_OPS            # random draws: torch's gradients of them are zeros
 
 
 @dataclass
@@ -209,6 +210,8 @@ def _lift(ep: torch.export.ExportedProgram) -> Graph:
         if op.startswith("aten._assert") or (not kept and op in DROPPED_OPS):
             return
         args = tuple(lift_arg(a, prefix) for a in fx.args)
+        if op == "aten.bernoulli.p" and len(args) == 1 and "p" not in fx.kwargs:
+            args += (0.5,)              # bernoulli_.float's default; bernoulli.p has none
         mutates = args[0].name if in_place and args and isinstance(args[0], Ref) else None
         nodes.append(Node(name=name, op=op, args=args, kwargs={k: lift_arg(v, prefix) for k, v in fx.kwargs.items()},
                           outputs=kept, source=_source(fx), mutates=mutates))
@@ -260,6 +263,12 @@ def _lift(ep: torch.export.ExportedProgram) -> Graph:
     return Graph(values, nodes, inputs, params, buffers, output)
 
 
+# In-place ops whose functional twin is not the name without the underscore (there is no
+# ``normal.default``, no ``bernoulli.float``): timm's drop path is ``x.new_empty(s).bernoulli_(p)``.
+_FUNCTIONAL_TWINS = {"aten.normal_.default": "aten.normal_functional.default",
+                     "aten.bernoulli_.float": "aten.bernoulli.p"}
+
+
 def _functional(op: str) -> tuple[str, bool]:
     """``aten.add_.Tensor`` -> (``aten.add.Tensor``, True): the op wrote its first argument.
 
@@ -267,6 +276,8 @@ def _functional(op: str) -> tuple[str, bool]:
     never mutated N times, and rules need no in-place twins (:mod:`hapc.frontend.functionalize` makes
     later readers see the written value).
     """
+    if op in _FUNCTIONAL_TWINS:
+        return _FUNCTIONAL_TWINS[op], True
     parts = op.split(".")
     if len(parts) == 3 and parts[1].endswith("_") and not parts[1].startswith("_"):
         functional = f"{parts[0]}.{parts[1][:-1]}.{parts[2]}"

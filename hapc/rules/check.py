@@ -6,6 +6,11 @@ do not divide evenly; ``Partial``: random summands), run the strategy's local co
 every rank, reassemble the output from its layout and compare it, and the gradients of all
 float inputs, with the single-device result. A strategy that disagrees is a *wrong rule*.
 
+For a random op the single-device result is the op's counter-based draw over the whole
+output (:func:`hapc.runtime.random_ops.draw`), not torch's generator (whose values no two
+runs share) nor the rule's own replicated strategy: every strategy, the replicated one too,
+must give exactly that draw's pieces, and every rank of a replicated one the same values.
+
 ``python -m hapc.rules check`` prints a report; ``tests/rules/test_rules_check.py`` runs the same.
 """
 
@@ -21,6 +26,7 @@ from hapc.ir.graph import Graph, Node, Ref, TensorMeta, Value
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
 from hapc.rules.registry import Rule, Sample, rules, strategies
+from hapc.runtime.random_ops import RANDOM_OPS, draw
 
 DEFAULT_SHARES = (0.5, 0.3, 0.2)
 
@@ -92,10 +98,7 @@ def check_strategy(op: str, sample: Sample, strategy: Strategy, shares: Sequence
     gen = torch.Generator().manual_seed(0)
     globals_ = [t.to(dtype).detach().clone().requires_grad_(i not in sample.frozen)
                 if t.is_floating_point() else t for i, t in enumerate(tensors)]
-    ref_prog = DistProgram(graph, (1.0,), {n: Replicate() for n in graph.inputs})
-    ref_strat = next(s for s in strategies(node, graph) if s.is_replicated)
-    ref_out = _compute(ref_prog, node, Compute("n", ref_strat, tuple(node.input_refs())),
-                       {n: [t] for n, t in zip(graph.inputs, globals_)}, seed=1)
+    ref_out = _reference(op, node, graph, globals_)
 
     prog = DistProgram(graph, tuple(shares), {n: Replicate() for n in graph.inputs})
     read = []
@@ -113,7 +116,10 @@ def check_strategy(op: str, sample: Sample, strategy: Strategy, shares: Sequence
     float_globals = [g for g in globals_ if g.is_floating_point()]
     dist_total = ref_total = 0.0
     for name, lay, pieces, ref in zip(node.outputs, strategy.outputs, outs, ref_out):
-        full = _assemble(prog, name, lay, pieces)
+        try:
+            full = _assemble(prog, name, lay, pieces)
+        except AssertionError as exc:       # ranks disagree on a replicated output
+            return str(exc)
         if full.shape != ref[0].shape:
             return f"output shape {tuple(full.shape)} != {tuple(ref[0].shape)}"
         if not ref[0].is_floating_point():
@@ -139,6 +145,22 @@ def check_strategy(op: str, sample: Sample, strategy: Strategy, shares: Sequence
             if g is not None and g.numel() and (g - w).abs().max().item() > atol:
                 return f"gradient max_abs_err={(g - w).abs().max().item():.3g}"
     return None
+
+
+def _reference(op: str, node: Node, graph: Graph, globals_: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The single-device result of the node (per output, a one-rank list): the plain op run
+    through the rule's replicated strategy, or for a random op its counter-based global draw."""
+    if op in RANDOM_OPS:
+        from hapc.codegen.executor import _substitute
+
+        args, kwargs = _substitute(node, list(globals_))
+        return [[draw(op, node.name, 1, graph.meta(node.outputs[0]).shape, None, args, kwargs)]]
+    from hapc.codegen.executor import _compute
+
+    ref_prog = DistProgram(graph, (1.0,), {n: Replicate() for n in graph.inputs})
+    ref_strat = next(s for s in strategies(node, graph) if s.is_replicated)
+    return _compute(ref_prog, node, Compute("n", ref_strat, tuple(node.input_refs())),
+                    {n: [t] for n, t in zip(graph.inputs, globals_)}, seed=1)
 
 
 def _pieces(prog: DistProgram, name: str, full: torch.Tensor, layout: Layout, gen) -> list[torch.Tensor]:

@@ -7,7 +7,7 @@ each rank must shift the mask by its first query position, which
 :func:`hapc.runtime.local_ops.sdpa_query_shard` does. The output is linear in ``v``.
 
 With attention dropout (``dropout_p > 0``) every strategy runs
-:func:`hapc.runtime.local_ops.sdpa_dropout`: attention written out with a mask drawn for the
+:func:`hapc.runtime.random_ops.sdpa_dropout`: attention written out with a mask drawn for the
 rank's piece of the global attention weights from a seed all ranks share, so sharded attention
 drops exactly the weights one device would (and ``--verify`` replays them).
 """

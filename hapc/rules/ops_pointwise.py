@@ -198,7 +198,7 @@ register_spec("aten.broadcast_tensors.default", lambda n, g: pointwise_strategie
 @register("aten.dropout.default", samples=lambda: [Sample((T(5, 7), 0.3, True)), Sample((T(5, 7), 0.0, False))])
 def dropout_rule(node: Node, graph: Graph) -> list[Strategy]:
     """Dropout draws its mask for the global tensor from a seed shared by all ranks
-    (:func:`hapc.runtime.local_ops.dropout`), so every layout drops the same elements."""
+    (:func:`hapc.runtime.random_ops.dropout`), so every layout drops the same elements."""
     found = pointwise_strategies(node, graph, "additive")   # a fixed mask is a linear map
     return [Strategy((R,), (R,), local="dropout")] + [
         Strategy(s.inputs, s.outputs, local="dropout") for s in found]

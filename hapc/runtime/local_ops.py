@@ -7,14 +7,14 @@ this module into emitted programs, and the in-process executor calls it directly
 Functions that need values from other ranks (a global count, a global max) are generators:
 they ``yield Collective(...)`` and receive the result, so the same code runs in lockstep in
 one process and with real ``torch.distributed`` collectives in an emitted program.
+
+Local ops that draw random numbers (dropout, attention dropout, ``rand``, ``bernoulli`` ...)
+live in :mod:`hapc.runtime.random_ops`, with the counter-based generator they share.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +48,9 @@ class RankCtx:
     outputs: tuple[ShardInfo | None, ...]
     out_shapes: tuple[tuple[int, ...], ...]  # global output shapes
     seed: int = 0
-    # Random ops draw from the counter-based hash (any piece equals the slice of the global
-    # draw, on any device); False only where one rank draws everything (see seeded_rng).
+    # Random ops (hapc.runtime.random_ops, the other file of local ops) draw from a counter-based
+    # hash: any piece equals the slice of the global draw, on any device. False only where one
+    # rank draws everything and dropout may run torch's own kernel (random_ops.seeded_rng).
     exact_pieces: bool = True
 
 
@@ -59,12 +60,6 @@ class Collective:
 
     kind: str            # "sum" or "max"
     tensor: torch.Tensor
-
-
-def node_seed(node: str, step_seed: int) -> int:
-    """A seed that every rank derives identically for one node in one step."""
-    digest = hashlib.sha256(f"{node}:{step_seed}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 def rescale_to_global(value: torch.Tensor, length: int, global_length: int) -> torch.Tensor:
@@ -126,82 +121,6 @@ def expand_local(ctx: RankCtx, x: torch.Tensor, shape: Any, *rest: Any, **kw: An
     return x.expand(_local_shape(ctx))
 
 
-# Dropout masks come from a counter-based generator: element i of a node's global tensor is
-# kept when hash(seed, i) clears a threshold. Any rank can draw any piece on its own device, in
-# the time of that piece, and the piece is exactly the slice of the global mask whatever the
-# shares; the hash is integer arithmetic, so CPU and CUDA (of any model) draw identical bits,
-# which neither torch's CPU Mersenne twister nor its CUDA Philox (whose element order follows
-# the launch grid, i.e. the GPU's SM count) guarantees. Multipliers stay below 2**31 so a 32-bit
-# value times one fits in int64 without overflow on every backend.
-_LOW32 = 0xFFFFFFFF
-_MIX_MULTIPLIERS = (0x7FEB352D, 0x27D4EB2D)
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit avalanche hash (xorshift-multiply rounds) of int64 tensor ``x``, in place."""
-    for mult, shift in zip(_MIX_MULTIPLIERS, (16, 15)):
-        x.bitwise_xor_(x >> shift).mul_(mult).bitwise_and_(_LOW32)
-    return x.bitwise_xor_(x >> 16)
-
-
-def global_indices(shape: Sequence[int], piece: ShardInfo | None = None,
-                   device: torch.device | str | None = None) -> torch.Tensor:
-    """Row-major positions in the global tensor of ``shape`` of every element of ``piece``
-    (its slice along ``piece.dim``; the whole tensor when ``piece`` is None), as int64."""
-    shape = [int(s) for s in shape]
-    if piece is None or not shape:
-        return torch.arange(math.prod(shape), device=device, dtype=torch.int64).reshape(shape)
-    d = piece.dim
-    outer, length, inner = math.prod(shape[:d]), piece.length, math.prod(shape[d + 1:])
-    rows = torch.arange(outer, device=device, dtype=torch.int64).mul_(shape[d] * inner).view(-1, 1, 1)
-    mid = torch.arange(piece.offset, piece.offset + length, device=device, dtype=torch.int64).mul_(inner)
-    cols = torch.arange(inner, device=device, dtype=torch.int64)
-    local = shape[:d] + [length] + shape[d + 1:]
-    return (rows + mid.view(1, -1, 1) + cols.view(1, 1, -1)).reshape(local)
-
-
-def dropout_keep(node: str, step_seed: int, shape: Sequence[int], p: float,
-                 piece: ShardInfo | None = None, device: torch.device | str | None = None) -> torch.Tensor:
-    """The keep-mask of dropout node ``node`` in the step seeded ``step_seed``: for the whole
-    (global) tensor of ``shape``, or for this rank's ``piece`` of it, drawn on ``device`` with
-    the counter-based hash above, so a piece is bit-for-bit the slice of the global mask on any
-    device. ``--verify`` gives the single-device reference the global mask, so both sides drop
-    the same elements."""
-    key = node_seed(node, step_seed)
-    index = global_indices(shape, piece, device)
-    h = _mix32(index.bitwise_and(_LOW32).bitwise_xor_(key & _LOW32))
-    h = _mix32(h.bitwise_xor_(index >> 32).add_(key >> 32).bitwise_and_(_LOW32))
-    return h >= min(round(p * 2.0 ** 32), 2 ** 32)
-
-
-@contextlib.contextmanager
-def seeded_rng(node: str, step_seed: int, device: torch.device) -> Iterator[None]:
-    """Inside, the default generator of ``device`` starts from (node, step)'s seed; after, it is
-    as before. A rank alone (nothing to agree with) runs torch's own fused dropout and
-    attention-dropout kernels in here, as fast as eager, and ``--verify`` replays the same call
-    under the same seed on the same device to draw the same mask (a fused kernel's backward
-    regenerates it from the state saved at the forward)."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(node_seed(node, step_seed))
-        yield
-
-
-@local_op
-def dropout(ctx: RankCtx, x: torch.Tensor, p: float, train: bool | None = True) -> torch.Tensor:
-    """Dropout whose mask is drawn for this rank's piece only, on its own device, from a seed
-    all ranks share: a sharded program drops exactly what one device would. A rank alone runs
-    torch's own dropout under the node's seed (see :func:`seeded_rng`)."""
-    if not train or p == 0.0:
-        return x
-    if p >= 1.0:
-        return x * 0.0
-    if not ctx.exact_pieces:
-        with seeded_rng(ctx.node, ctx.seed, x.device):
-            return torch.nn.functional.dropout(x, p, True)
-    keep = dropout_keep(ctx.node, ctx.seed, ctx.out_shapes[0], p, ctx.outputs[0], x.device)
-    return x * keep.to(x.dtype).mul_(1.0 / (1.0 - p))
-
-
 @local_op
 def vocab_parallel_embedding(ctx: RankCtx, weight: torch.Tensor, ids: torch.Tensor,
                              padding_idx: int = -1, *rest: Any, **kwargs: Any) -> torch.Tensor:
@@ -237,45 +156,6 @@ def sdpa_query_shard(ctx: RankCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Te
             torch.where(causal, attn_mask, torch.tensor(float("-inf"), dtype=q.dtype))
     return torch.nn.functional.scaled_dot_product_attention(
         q, k, v, causal, dropout_p, False, scale=scale, enable_gqa=enable_gqa)
-
-
-def attention_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any, dropout_p: float,
-                           is_causal: bool, scale: float | None, enable_gqa: bool, keep: torch.Tensor,
-                           query_offset: int = 0) -> torch.Tensor:
-    """Scaled dot-product attention written out, dropping attention weights where ``keep`` is
-    False: what ``scaled_dot_product_attention`` computes with ``dropout_p``, but with a mask
-    the caller draws (so a shard, and ``--verify``'s reference, can drop the same weights).
-    ``query_offset``: global position of the first query (a query shard's causal mask)."""
-    if enable_gqa and k.shape[-3] != q.shape[-3]:
-        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
-        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
-    scores = (q @ k.transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)
-    if is_causal:
-        rows = torch.arange(q.shape[-2], device=q.device).unsqueeze(-1) + query_offset
-        scores = scores.masked_fill(torch.arange(k.shape[-2], device=q.device) > rows, float("-inf"))
-    if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
-    weights = torch.softmax(scores, dim=-1)
-    return (weights * keep.to(weights.dtype).mul_(1.0 / (1.0 - dropout_p))) @ v
-
-
-@local_op
-def sdpa_dropout(ctx: RankCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask=None,
-                 dropout_p: float = 0.0, is_causal: bool = False, scale=None, enable_gqa: bool = False):
-    """Attention with dropout on this rank's piece: the mask over the global attention
-    weights ``[B, H, Sq, Sk]`` is cut along the dim the queries are sharded on (batch, heads
-    or queries; all three line up with the weights), or whole for replicated queries.
-    One rank alone runs torch's own kernel, its generator seeded per (step, node) so that
-    ``--verify`` replays it (see :func:`seeded_rng`)."""
-    if not ctx.exact_pieces:
-        with seeded_rng(ctx.node, ctx.seed, q.device):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal,
-                                                                    scale=scale, enable_gqa=enable_gqa)
-    q_info = ctx.inputs[0]
-    shape = (*ctx.out_shapes[0][:-1], k.shape[-2])            # [B, H, Sq, Sk], global
-    keep = dropout_keep(ctx.node, ctx.seed, shape, dropout_p, q_info, q.device)   # q's dims lead the weights'
-    offset = q_info.offset if q_info is not None and q_info.dim == 2 else 0
-    return attention_with_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, keep, offset)
 
 
 @local_op

@@ -34,17 +34,21 @@ def test_the_skeleton_docstring_ends_where_python_says():
                                         rest.split(emitter.END, 1)[1] + second_half)
 
 
-def test_runtime_facts_from_cut_statements_equal_the_whole_file_parse():
+@pytest.mark.parametrize("module", ["L", "R"])
+def test_runtime_facts_from_cut_statements_equal_the_whole_file_parse(module):
+    path = runtime_facts.LOCAL_OP_MODULES[module]
     whole_ops = {fn.name: runtime_facts._is_generator(fn)
-                 for fn in ast.parse(runtime_facts.LOCAL_OPS.read_text()).body if isinstance(fn, ast.FunctionDef)
+                 for fn in ast.parse(path.read_text()).body if isinstance(fn, ast.FunctionDef)
                  and any(isinstance(d, ast.Name) and d.id == "local_op" for d in fn.decorator_list)}
-    assert whole_ops == runtime_facts._local_ops()
+    assert whole_ops and whole_ops == runtime_facts._local_ops(path)
     for name, generator in whole_ops.items():
-        assert runtime_facts._definition(runtime_facts._local_op_chunks(), name) is not None, name  # no fallback
-        assert runtime_facts._local_op(name) is generator
-    assert runtime_facts._local_op_chunks()      # (a module-level helper, not a local op, is not one)
+        assert runtime_facts._definition(runtime_facts._local_op_chunks(path), name) is not None, name  # no fallback
+        assert runtime_facts._local_op(name, path) is generator
+        assert runtime_facts.local_op_module(name) == module
+    with pytest.raises(KeyError):                # (a module-level helper, not a local op, is not one)
+        runtime_facts._local_op("_local_shape" if module == "L" else "_mix32", path)
     with pytest.raises(KeyError):
-        runtime_facts._local_op("_local_shape")
+        runtime_facts.local_op_module("no_such_local_op")
 
 
 def test_collective_names_from_cut_assignments_equal_the_whole_file_parse():

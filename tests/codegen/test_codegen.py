@@ -39,7 +39,7 @@ def test_emitted_program_is_standalone_and_readable(name, tmp_path):
     assert imported <= {"__future__", "argparse", "contextlib", "datetime", "hashlib", "importlib", "inspect", "io", "math", "os",
                         "shutil", "statistics", "sys", "threading", "time", "zlib", "pathlib", "collections", "typing", "torch"}
     # The siblings it loads by path are there, and need no hapc either.
-    for sibling in ("hapc_local_ops.py", "hapc_collectives.py", f"{name}.py"):
+    for sibling in ("hapc_local_ops.py", "hapc_random_ops.py", "hapc_collectives.py", f"{name}.py"):
         text = (tmp_path / sibling).read_text()
         assert "import hapc" not in text and "from hapc" not in text, sibling
     # One forward (and a function per repeated block it calls), a line per step, the user's

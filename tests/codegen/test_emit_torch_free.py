@@ -63,13 +63,17 @@ def inputs():
 
 
 def test_runtime_facts_read_from_source_agree_with_the_imported_runtime():
-    from hapc.runtime import collectives, local_ops
+    from hapc.runtime import collectives, local_ops, random_ops
 
     for name in list(collectives._METHODS) + ["no-such-variant"]:
         assert runtime_facts.method_of(name) == collectives.method_of(name), name
     assert runtime_facts.hierarchical() == collectives.HIERARCHICAL
-    generators = {name: inspect.isgeneratorfunction(fn) for name, fn in local_ops.LOCAL_OPS.items()}
+    assert not set(local_ops.LOCAL_OPS) & set(random_ops.LOCAL_OPS)     # one name, one module
+    generators = {name: inspect.isgeneratorfunction(fn)
+                  for name, fn in (*local_ops.LOCAL_OPS.items(), *random_ops.LOCAL_OPS.items())}
     assert {n: runtime_facts.is_generator_local_op(n) for n in generators} == generators
+    assert {n: runtime_facts.local_op_module(n) for n in generators} == {
+        n: "L" if n in local_ops.LOCAL_OPS else "R" for n in generators}
     assert any(generators.values()) and not all(generators.values())
     with pytest.raises(KeyError):
         runtime_facts.is_generator_local_op("no_such_local_op")

@@ -1,6 +1,6 @@
 """Dropout masks drawn on the tensor's own device, for this rank's piece only.
 
-The counter-based mask (hapc.runtime.local_ops.dropout_keep) must give every rank exactly
+The counter-based mask (hapc.runtime.random_ops.dropout_keep) must give every rank exactly
 its slice of the global mask whatever the shares, keep about 1 - p of the elements, and
 differ between nodes and steps; one rank alone uses torch's own device generator, and
 ``--verify`` replays whichever the program used.
@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hapc.runtime.local_ops import RankCtx, ShardInfo, dropout, dropout_keep, global_indices
+from hapc.runtime.local_ops import RankCtx, ShardInfo
+from hapc.runtime.random_ops import dropout, dropout_keep, global_indices
 
 SHAPE = (6, 50, 33)
 
@@ -44,7 +45,7 @@ def test_mask_keeps_one_minus_p_and_is_independent_across_nodes_and_steps():
 
 
 def test_rank_alone_runs_torch_dropout_under_the_node_seed_and_replays():
-    from hapc.runtime.local_ops import seeded_rng
+    from hapc.runtime.random_ops import seeded_rng
 
     x = torch.randn(SHAPE)
     alone = RankCtx(0, 1, "n1", "aten.dropout.default", (None,), (None,), (SHAPE,), seed=3, exact_pieces=False)
@@ -82,7 +83,7 @@ def test_cuda_draws_the_same_bits_as_the_cpu():
 # ---- attention dropout ---------------------------------------------------------------------------
 
 def test_attention_written_out_is_sdpa_and_drops_the_given_weights():
-    from hapc.runtime.local_ops import attention_with_dropout
+    from hapc.runtime.random_ops import attention_with_dropout
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 5, 4, generator=g) for _ in range(3))
@@ -102,7 +103,7 @@ def test_attention_written_out_is_sdpa_and_drops_the_given_weights():
 
 
 def test_one_rank_attention_dropout_replays_under_the_node_seed():
-    from hapc.runtime.local_ops import seeded_rng
+    from hapc.runtime.random_ops import seeded_rng
 
     q = torch.randn(2, 3, 6, 4, requires_grad=True)
     outs = []
