@@ -38,7 +38,7 @@ MEAN, SUM, COUNT = "mean", "sum", "count"
 
 # Local implementations that compute a sample's piece from that piece alone (no collective).
 PER_SAMPLE_LOCALS = frozenset({
-    "dropout", "sdpa_dropout", "view_local", "reshape_local", "expand_local", "tril_local", "triu_local",
+    "dropout", "sdpa_dropout", "random_piece", "view_local", "reshape_local", "expand_local", "tril_local", "triu_local",
     "conv_groups_local", "adaptive_avg_pool_local", "one_hot_class_shard", "arange_local", "create_local",
     "linear_sfb",          # data-parallel forward; its collective is the weight gradient's
     "scatter_into_piece", "scatter_add_into_piece", "scatter_reduce_into_piece", "index_add_into_piece",

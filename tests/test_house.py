@@ -21,6 +21,15 @@ def test_no_source_file_is_over_600_lines():
     assert not long, "split along a seam, or tighten:\n" + "\n".join(long)
 
 
+def test_test_modules_have_unique_names():
+    """tests/ folders are not packages: two test files of one name in two folders stop pytest's
+    collection of the whole suite ("import file mismatch")."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
+
+
 def test_each_command_has_its_own_module():
     from hapc.cli import COMMANDS, build_parser
 
