@@ -118,6 +118,7 @@ def _synthesize(traced: Traced, cluster: str | Mapping[str, Any] | Cluster, from
                   "distinct_segments": best.search.distinct_segments,
                   "states_expanded": best.search.states_expanded, "rounds": len(result.rounds)}
     baselines = {k: c.seconds for k, c in result.baselines.items()}
+    shortfall = {k: max(c.sim.memory.missing_bytes()) for k, c in result.baselines.items() if not c.fits}
     pipeline = None
     if stages is not None and stages != 1:
         pipeline = _pipeline(planner, stages, microbatches, schedule, baselines, best.seconds)
@@ -126,7 +127,8 @@ def _synthesize(traced: Traced, cluster: str | Mapping[str, Any] | Cluster, from
     if from_file is not None and pipeline is None:
         from_file.keep_strategies(graph, numerics.name)      # the next hit searches without the rules
     return Plan(best.program, cl, best.sim, "hapc" if pipeline is not None else best.name, baselines, search,
-                _model_info(model_file, model_kwargs, optimizer), _assumed(numerics, cl), pipeline)
+                _model_info(model_file, model_kwargs, optimizer), _assumed(numerics, cl), pipeline,
+                baseline_shortfall=shortfall)
 
 
 def _trace_file(path: str | os.PathLike, kwargs: Mapping[str, Any], use_cache: bool,

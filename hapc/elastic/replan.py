@@ -416,6 +416,7 @@ def _replan(old: Plan, cluster: Cluster, survivors: Sequence[int] | None, effort
     if round_ is not None and effort != "search":
         round_.cancel()
     baselines: dict[str, float] = {}
+    shortfall: dict[str, float] = {}
     info: dict[str, object] = {}
     candidates: dict[str, _Candidate] = {}
     if kept is not None:
@@ -442,6 +443,7 @@ def _replan(old: Plan, cluster: Cluster, survivors: Sequence[int] | None, effort
         result = synthesize_program(graph, cluster, optimizer=optimizer, progress=say)
         candidates["searched"] = _Candidate("searched", result.best.program, result.best.sim)
         baselines = {k: c.seconds for k, c in result.baselines.items()}
+        shortfall = {k: max(c.sim.memory.missing_bytes()) for k, c in result.baselines.items() if not c.fits}
         counts.searches += result.searches
         if result.best.search is not None:
             info = dict(_search_info(result.best.search), rounds=len(result.rounds))
@@ -456,7 +458,8 @@ def _replan(old: Plan, cluster: Cluster, survivors: Sequence[int] | None, effort
     # The old plan's numerics carry over (the graph is already autocast to them); TF32 is as the
     # new cluster file says, as hapc compile records it (hapc.api._assumed).
     precision = dataclasses.replace(old.precision, allow_tf32=cluster.allow_tf32)
-    plan = Plan(chosen.program, cluster, chosen.simulation(), name, baselines, info, dict(old.model), precision)
+    plan = Plan(chosen.program, cluster, chosen.simulation(), name, baselines, info, dict(old.model), precision,
+                baseline_shortfall=shortfall)
     # The old program's time on the new cluster: re-balanced when it led, a floor when it was not simulated.
     carried = min(_carried(c) for c in (kept, candidates.get("kept")) if c is not None) if kept is not None else floor
     return Replanned(plan, chosen.name == "kept", effort, time.perf_counter() - started, old.recorded_seconds, carried,

@@ -83,6 +83,9 @@ class Plan:
     # hapc.codegen.pipeline_emit): recorded by save() or emit(), so that emitting the plan
     # from plan.json needs no torch. None until then, and for a one-stage plan.
     microbatch_record: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    # Baselines that do not fit in memory: name -> bytes missing on the device short of most. A
+    # speed-up over a program that cannot run is no speed-up; the reports say so instead.
+    baseline_shortfall: dict[str, float] = field(default_factory=dict)
     _micro: Any = field(default=None, init=False, repr=False, compare=False)   # its MicroTrace, once made
 
     # ---- the contract's properties ---------------------------------------------------------
@@ -149,7 +152,9 @@ class Plan:
 
     @property
     def speedups(self) -> dict[str, float]:
-        return {k: v / self.cost for k, v in self.baselines.items() if self.cost > 0}
+        """This plan's speed-up over each baseline that fits in memory (see ``baseline_shortfall``)."""
+        return {k: v / self.cost for k, v in self.baselines.items()
+                if self.cost > 0 and k not in self.baseline_shortfall}
 
     def simulate(self, cluster: Cluster | str | dict | None = None) -> SimResult:
         cl = self.cluster if cluster is None else load_cluster(cluster)
@@ -213,6 +218,7 @@ class Plan:
                 "lower_bound_seconds": sim.lower_bound_seconds,
             },
             "baselines": self.baselines,
+            **({"baselines_short_bytes": self.baseline_shortfall} if self.baseline_shortfall else {}),
             "search": self.search,
             "precision": self.precision.to_dict(),
         })
@@ -301,7 +307,8 @@ class Plan:
             pipeline = _pipeline_from_dict(data["pipeline"], graph, cluster, model.get("optimizer", "adamw"))
         return Plan(program, cluster, None, data.get("name", "hapc"), dict(data.get("baselines", {})),
                     dict(data.get("search", {})), model, Precision.from_dict(data.get("precision")), pipeline,
-                    dict(data.get("predicted", {})), data.get("pipeline", {}).get("microbatch_graph"))
+                    dict(data.get("predicted", {})), data.get("pipeline", {}).get("microbatch_graph"),
+                    baseline_shortfall=_shortfall(data.get("baselines_short_bytes", {})))
 
     def emit(self, out_dir: str | Path, constants: dict | None = None) -> Path:
         """Write ``out_dir/program.py`` (and the model file beside it); see :mod:`hapc.codegen`.
@@ -327,6 +334,14 @@ class Plan:
         return Path(emit(self.program, self.model["file"], str(out), model_kwargs=self.model.get("kwargs", {}),
                          optimizer=self.model.get("optimizer", "adamw"), plan_summary=self.summary(),
                          cluster=self.cluster, constants=constants, precision=self.precision))
+
+
+def _shortfall(data: Any) -> dict[str, float]:
+    """plan.json's ``baselines_short_bytes``, checked: names and non-negative byte counts."""
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, (int, float)) and v >= 0
+                                             for k, v in data.items()):
+        raise ValueError("baselines_short_bytes: expected baseline names and non-negative byte counts")
+    return {k: float(v) for k, v in data.items()}
 
 
 def prepare_save(graph: Graph) -> None:

@@ -45,7 +45,11 @@ def facts(plan: Plan) -> dict[str, Any]:
                  f"({plan.cluster.world} devices)",
         "iteration_ms": plan.cost * MS, "lower_bound_ms": plan.lower_bound * MS,
         "gap": plan.cost / plan.lower_bound if plan.lower_bound > 0 else None,
-        "baselines": [(name, seconds * MS, seconds / plan.cost if plan.cost > 0 else float("nan"))
+        # (name, ms, speed-up of this plan, GB short): no speed-up over a baseline that does not fit
+        "baselines": [(name, seconds * MS,
+                       None if name in plan.baseline_shortfall else
+                       seconds / plan.cost if plan.cost > 0 else float("nan"),
+                       plan.baseline_shortfall.get(name, 0.0) / GB)
                       for name, seconds in sorted(plan.baselines.items())],
         "devices": devices, "fits": all(d["fits"] for d in devices),
     }
@@ -140,6 +144,15 @@ def chart(plan: Plan) -> Chart:
                  [pick(p) for p in parts], part_names)
 
 
+def baseline_text(name: str, ms: float, speedup: float | None, short_gb: float) -> str:
+    """``dp-even 1.130 ms (1.25x)``, or ``... (does not fit: 2.1 GB short)``."""
+    return f"{name} {ms:.3f} ms ({speedup_text(speedup, short_gb)})"
+
+
+def speedup_text(speedup: float | None, short_gb: float) -> str:
+    return f"{speedup:.2f}x" if speedup is not None else f"does not fit: {memory_text(short_gb)} short"
+
+
 def rank_runs(labels: list[str], *per_rank: list[float]) -> tuple[list[int], list[str]]:
     """First rank and label of each run of consecutive ranks whose device type and figures
     are all equal: ``"0-127:A100-80GB"``."""
@@ -158,11 +171,16 @@ def memory_unit(gb: float) -> tuple[str, float]:
     return next(((name, per) for name, per in UNITS if gb * per >= 1), UNITS[-1])
 
 
+def memory_text(gb: float) -> str:
+    """``17.53 MB``: a size in the largest unit in which it is at least 1."""
+    unit, per = memory_unit(gb)
+    return f"{figure(gb * per)} {unit}"
+
+
 def memory_label(used_gb: float, capacity_gb: float) -> str:
     """``6.2 kB of 80 GB, <1%`` (and how much is short, past capacity): the figure of a memory
     bar and of a notebook row."""
-    unit, per = memory_unit(used_gb)
-    used = f"{figure(used_gb * per)} {unit}"
+    used = memory_text(used_gb)
     if capacity_gb <= 0:
         return used
     cap_unit, cap_per = memory_unit(capacity_gb)

@@ -15,7 +15,7 @@ import base64
 import html
 from typing import TYPE_CHECKING
 
-from hapc.report.model import facts, memory_label
+from hapc.report.model import facts, memory_label, speedup_text
 
 if TYPE_CHECKING:
     from hapc.plan.plan import Plan
@@ -58,7 +58,7 @@ def plan_markdown(plan: Plan, chart: bool = True) -> str:
     lines = [f"### {f['title']}", "", _headline(f), ""]
     if f["baselines"]:
         lines += ["| baseline | predicted ms | speed-up of this plan |", "|---|---:|---:|"]
-        lines += [f"| {name} | {ms:.3f} | {speedup:.2f}x |" for name, ms, speedup in f["baselines"]]
+        lines += [f"| {name} | {ms:.3f} | {speedup_text(speedup, short)} |" for name, ms, speedup, short in f["baselines"]]
         lines.append("")
     columns, has_rows = _columns(f), _has_rows(f)
     lines += ["| " + " | ".join(columns) + " |", "|" + "---:|" * len(columns)]
@@ -78,8 +78,9 @@ def plan_html(plan: Plan, chart: bool = True) -> str:
     cell = 'style="text-align:right; padding:0 0.6em"'
     parts = [f"<div class=\"hapc-plan\"><h4>{esc(f['title'])}</h4>", f"<p>{esc(_headline(f))}</p>"]
     if f["baselines"]:
-        rows = "".join(f"<tr><td>{esc(name)}</td><td {cell}>{ms:.3f}</td><td {cell}>{speedup:.2f}x</td></tr>"
-                       for name, ms, speedup in f["baselines"])
+        rows = "".join(f"<tr><td>{esc(name)}</td><td {cell}>{ms:.3f}</td>"
+                       f"<td {cell}>{esc(speedup_text(speedup, short))}</td></tr>"
+                       for name, ms, speedup, short in f["baselines"])
         parts.append("<table><tr><th>baseline</th><th>predicted ms</th><th>speed-up of this plan</th></tr>"
                      f"{rows}</table>")
     head = "".join(f"<th>{esc(c)}</th>" for c in _columns(f))

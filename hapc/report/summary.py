@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 
 
 def summary_text(plan: Plan) -> str:
-    from hapc.report.model import batch_rows, facts
+    from hapc.report.model import baseline_text, batch_rows, facts
 
     f = facts(plan)
     lines = [
@@ -22,7 +22,7 @@ def summary_text(plan: Plan) -> str:
     lines.append(f"precision: {plan.precision.describe()}")
     lines.append(_measured_line(plan))
     if f["baselines"]:
-        parts = [f"{name} {ms:.3f} ms ({speedup:.2f}x)" for name, ms, speedup in f["baselines"]]
+        parts = [baseline_text(*b) for b in f["baselines"]]
         lines.append("baselines (speed-up of this plan): " + ", ".join(parts))
     from hapc.report.pipeline import pipeline_lines
 

@@ -31,6 +31,8 @@ EDITS = {
     "shares as text": (lambda d: d.update(shares="0.5,0.5"), r"shares: expected"),
     "deep nesting": (lambda d: '{"format": ' + "[" * 100000 + "]" * 100000 + "}", r"not a plan file"),
     "a huge number": (lambda d: '{"format": ' + "9" * 50000 + "}", r"not a plan file"),
+    "a negative shortfall": (lambda d: d.update(baselines_short_bytes={"dp-even": -1}),
+                             r"baselines_short_bytes: expected baseline names and non-negative byte counts"),
     "a huge cluster": (lambda d: d["cluster"]["nodes"][0].update(count=10**12), r"at most \d+"),
 }
 

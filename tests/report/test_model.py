@@ -103,3 +103,34 @@ def test_rows_are_the_batch_pieces_the_program_cuts_not_the_shares():
     replicated = hapc.baseline(traced, None, plan.cluster, "megatron-tp")
     assert replicated.program.source_layouts["x"] == Replicate()     # tensor parallel: every rank reads all rows
     assert batch_rows(replicated) == [80, 80, 80]
+
+
+def test_no_speed_up_is_claimed_over_a_baseline_that_does_not_fit(tmp_path):
+    """Data parallelism replicates a 17 MB model that 50 MB devices cannot hold with its
+    optimizer state: the reports say how much it is short instead of a speed-up (issue 23),
+    and plan.json keeps it."""
+    from hapc.plan import Plan
+    from hapc.report.notebook import plan_html, plan_markdown
+
+    class Wide(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(512, 4096), nn.Linear(4096, 512)
+
+        def forward(self, x, y):
+            return nn.functional.mse_loss(self.b(torch.relu(self.a(x))), y)
+
+    cluster = {"name": "tight", "nodes": [{"devices": [
+        {"name": "big", "tflops": 2, "memory_GB": 0.12, "hbm_GBps": 100, "count": 2},
+        {"name": "small", "tflops": 1, "memory_GB": 0.05, "hbm_GBps": 100, "count": 2}], "intra_link": "loopback"}]}
+    torch.manual_seed(0)
+    plan = hapc.synthesize(Wide(), (torch.randn(32, 512), torch.randn(32, 512)), cluster)
+    assert plan.fits and set(plan.baseline_shortfall) == {"dp-even", "dp-flops"}
+    assert all(v > 1e7 for v in plan.baseline_shortfall.values())
+    assert set(plan.speedups) == set(plan.baselines) - {"dp-even", "dp-flops"}
+    line = next(ln for ln in summary_text(plan).splitlines() if ln.startswith("baselines"))
+    assert "dp-even" in line and "(does not fit: 17.53 MB short)" in line and "zero3" in line
+    assert "does not fit: 17.53 MB short" in plan_markdown(plan, chart=False)
+    assert "does not fit: 17.53 MB short" in plan_html(plan, chart=False)
+    plan.save(tmp_path / "plan.json")
+    assert Plan.load(tmp_path / "plan.json").baseline_shortfall == plan.baseline_shortfall
