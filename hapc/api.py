@@ -180,7 +180,7 @@ def _pipeline(planner, stages: int | str, microbatches: int | None, schedule: st
     """The best pipeline (None if none fits or, with ``stages="auto"``, none beats the best
     one-stage plan and the pipeline-even baseline) and, as a side effect, that baseline."""
     from hapc.errors import UserError
-    from synth.stages import pipeline_even
+    from synth.stages import best_sub_cluster, pipeline_even
 
     even = pipeline_even(planner)
     if even is not None:
@@ -194,6 +194,11 @@ def _pipeline(planner, stages: int | str, microbatches: int | None, schedule: st
     unforced = forced is None and microbatches is None and schedule is None
     if even is not None and unforced and (pipe is None or even.iteration_seconds < pipe.iteration_seconds):
         pipe = even            # never worse than the pipeline-even baseline
+    if unforced:               # never worse than a node, or a run of alike nodes, alone
+        alone = best_sub_cluster(planner)
+        if alone is not None and alone.iteration_seconds < min(
+                one_stage_seconds, pipe.iteration_seconds if pipe is not None else float("inf")):
+            pipe = alone
     if pipe is None and forced is not None:
         raise UserError(f"--stages {forced}: no {forced}-stage pipeline fits in memory on this cluster")
     return pipe

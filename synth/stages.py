@@ -475,6 +475,34 @@ def price_stages(graph: Graph, cluster: Cluster, stages: Sequence[tuple[int, int
     return pipe
 
 
+def best_sub_cluster(planner: StagePlanner) -> Pipeline | None:
+    """The fastest plan on part of the cluster alone: one stage on one node, or on a run of
+    alike consecutive nodes, the other devices idle; None for a one-node cluster or when none
+    fits. Slow devices behind a slow network can cost more than they give: no plan over more
+    devices should be slower than leaving them out, and neither the one-stage search over all
+    devices nor a pipeline across nodes (which gives every stage work) can leave a node idle."""
+    nodes = planner.cluster.nodes
+    if len(nodes) < 2:
+        return None
+    firsts = [0]
+    for host in nodes:
+        firsts.append(firsts[-1] + len(host.devices))
+    kinds = [planner.group(range(firsts[i], firsts[i + 1])).key for i in range(len(nodes))]
+    best: Pipeline | None = None
+    for a in range(len(nodes)):
+        if a > 0 and kinds[a - 1] == kinds[a]:
+            continue            # a run of alike nodes is tried from its first node, at every length
+        b = a + 1
+        while b <= len(nodes) and kinds[b - 1] == kinds[a]:
+            if not (a == 0 and b == len(nodes)):         # all devices: the one-stage plan itself
+                group = planner.group(range(firsts[a], firsts[b]))
+                pipe = planner._price([(group, 0, len(planner.cuts) - 1)], 1, "1f1b")     # None: does not fit
+                if pipe is not None and (best is None or pipe.iteration_seconds < best.iteration_seconds):
+                    best = pipe
+            b += 1
+    return best
+
+
 def pipeline_even(planner: StagePlanner) -> Pipeline | None:
     """The ``pipeline-even`` baseline: one stage per node with equal numbers of layers (cut
     candidates), data parallel with even shares inside each node, the best micro-batch count.

@@ -450,3 +450,31 @@ def test_forced_pipelines_that_cannot_work_name_the_number(gpt2l):
     tiny = load_cluster(str(TWO_NODES))
     tiny = replace(tiny, devices=[replace(d, memory_bytes=1e5) for d in tiny.devices])
     assert StagePlanner(gpt2l.graph, tiny).plan(stages=2) is None      # the API turns this into its one line
+
+
+SLOW_SECOND_NODE = {"name": "fast-and-slow", "network": {"bandwidth_Gbps": 0.1, "latency_us": 500}, "nodes": [
+    {"devices": [{"type": "A100-80GB", "count": 2}], "intra_link": "nvlink3"},
+    {"devices": [{"name": "slow", "tflops": 0.05, "memory_GB": 16, "hbm_GBps": 50, "count": 2}],
+     "intra_link": "pcie3"}]}
+
+
+def test_a_node_alone_is_a_candidate_and_auto_is_never_slower(gpt4):
+    """A slow node behind a slow network: one stage on the fast node alone (the slow one idle)
+    is a plan the stage search cannot make (it gives every stage work, and wants two); the
+    automatic choice is never slower than it (issue 23)."""
+    from hapc.api import synthesize
+    from synth.stages import StagePlanner, best_sub_cluster
+
+    cluster = load_cluster(SLOW_SECOND_NODE)
+    planner = StagePlanner(gpt4.graph, cluster)
+    alone = best_sub_cluster(planner)
+    assert alone is not None and len(alone.stages) == 1 and alone.microbatches == 1
+    assert alone.stages[0].ranks == (0, 1)
+    assert alone.iteration_seconds < simulate(planner.group_program(planner.group(range(4))), cluster).iteration_seconds
+    for ranks in ((0, 1), (2, 3)):      # the fastest of the nodes alone
+        priced = planner._price([(planner.group(ranks), 0, len(planner.cuts) - 1)], 1, "1f1b")
+        assert priced is None or alone.iteration_seconds <= priced.iteration_seconds
+    plan = synthesize(gpt4, None, SLOW_SECOND_NODE, stages="auto")
+    assert plan.cost <= alone.iteration_seconds * (1 + 1e-9)
+    assert best_sub_cluster(StagePlanner(gpt4.graph, load_cluster({**SLOW_SECOND_NODE,
+                                                                   "nodes": SLOW_SECOND_NODE["nodes"][:1]}))) is None
