@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from hapc.codegen import emitter
 from hapc.errors import UserError
-from hapc.ir.graph import Graph, Ref, TensorMeta, TorchFacts, Value, _from_jsonable, _jsonable
+from hapc.ir.graph import Graph, Node, Ref, TensorMeta, TorchFacts, Value, _from_jsonable, _jsonable
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute
 from hapc.codegen import runtime_facts
@@ -175,9 +175,33 @@ def _check_same_structure(whole: Graph, micro: Graph, batch: int, rows: int) -> 
         fail(f"{len(micro.nodes)} nodes instead of {len(whole.nodes)}")
     for i, (a, b) in enumerate(zip(whole.nodes, micro.nodes)):
         if (a.name, a.op, a.outputs, list(a.input_refs())) != (b.name, b.op, b.outputs, list(b.input_refs())):
-            fail(f"node {i} is {b.name} ({b.op}) instead of {a.name} ({a.op})")
+            fail(f"node {i}: {_node_difference(a, whole, b, micro)}")
     if set(whole.values) != set(micro.values) or whole.inputs != micro.inputs or whole.output != micro.output:
         fail("other values")
+
+
+def _node_difference(a: Node, whole: Graph, b: Node, micro: Graph) -> str:
+    """What differs between node ``a`` of ``whole`` and ``b`` of ``micro`` (name, op, results,
+    or what it reads: by name, op and shape), said so that the two sides never read the same."""
+    where = f" at {b.source}" if b.source else ""
+    if (a.name, a.op) != (b.name, b.op):
+        return f"{b.name} ({b.op}){where} instead of {a.name} ({a.op})"
+    if a.outputs != b.outputs:
+        return f"{a.name} ({a.op}){where} makes {', '.join(b.outputs)} instead of {', '.join(a.outputs)}"
+    ra, rb = a.input_refs(), b.input_refs()
+    if len(ra) != len(rb):
+        return f"{a.name} ({a.op}){where} reads {len(rb)} values instead of {len(ra)}"
+    k = next(k for k, (x, y) in enumerate(zip(ra, rb)) if x != y)
+    return (f"{a.name} ({a.op}){where} reads {_described(rb[k], micro)} as its input {k} "
+            f"instead of {_described(ra[k], whole)}")
+
+
+def _described(name: str, graph: Graph) -> str:
+    """A value as a reader can tell it apart: its name, the op that made it, its shape."""
+    if name not in graph.values:
+        return name
+    made = next((n.op for n in graph.nodes if name in n.outputs), graph.values[name].kind)
+    return f"{name} ({made}, {graph.values[name].meta})"
 
 
 def on_graph(program: DistProgram, graph: Graph) -> DistProgram:

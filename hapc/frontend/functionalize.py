@@ -232,9 +232,13 @@ class _Functionalizer:
         return replace(node, op="aten.clone.default", args=(value,), kwargs={})
 
     def _unsupported(self, v: _View, at: Node) -> UserError:
-        where = f" at {at.source}" if at.source else ""
-        return UserError(f"an in-place write ({at.op}) into a view made by {v.node.op}{where} is not supported; "
-                         "write into a fresh tensor (torch.cat, torch.where) instead")
+        """The refusal names the op that writes, as the model called it (``aten.add_.Tensor``),
+        and its line first: that is the line to change; the view's line comes after."""
+        where = f" at {at.source}" + (f" ({at.source.code})" if at.source.code else "") if at.source else ""
+        made = f" at {v.node.source}" if v.node.source and v.node.source != at.source else ""
+        return UserError(f"the in-place {in_place_name(at.op)}{where} writes into a view made by "
+                         f"{v.node.op}{made}, which hapc cannot write back; write into a fresh tensor "
+                         "(torch.cat, torch.where) instead")
 
     def _emit(self, at: Node, op: str, args: tuple, meta, kwargs: dict | None = None) -> str:
         out = self._new_name(f"{at.name}_into")
@@ -248,6 +252,13 @@ class _Functionalizer:
             name = f"{stem}_{self.fresh_count}"
             if name not in self.graph.values:
                 return name
+
+
+def in_place_name(op: str) -> str:
+    """``aten.add.Tensor`` -> ``aten.add_.Tensor``: the in-place op a functional node was traced
+    as (:func:`hapc.frontend.tracer._functional` recorded it without the underscore)."""
+    parts = op.split(".")
+    return f"{parts[0]}.{parts[1]}_.{parts[2]}" if len(parts) == 3 else op
 
 
 def _arg(node: Node, pos: int, key: str, default):

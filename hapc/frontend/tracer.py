@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import operator
 import os
+import sys
 import time
+import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from hapc.frontend.blocktrace import trace_repeated
+from hapc.frontend.canonical import canonicalize
 from hapc.errors import UserError
 from hapc.frontend.functionalize import functionalize
 from hapc.frontend.quiet import quiet_torch
@@ -112,7 +115,7 @@ def trace(model: torch.nn.Module, inputs: Sequence[Any], *, has_rule=None, repli
     else:
         ep = _export(model, inputs)
         lifted, exported_constants = _lift(ep), ep.constants
-    graph = functionalize(lifted)
+    graph = canonicalize(functionalize(lifted))
     _mark_requires_grad(graph)
     _annotate_costs(graph, costs)
     graph.unsupported = _unsupported(graph, has_rule)
@@ -144,7 +147,20 @@ def _export_error(exc: Exception) -> str:
                 lineno = frame.split(", line ")[1].split(",")[0]
                 code = lines[i + 2].strip() if i + 2 < len(lines) else ""
                 return f"{first} (at {file}:{lineno}: {code})" if code else f"{first} (at {file}:{lineno})"
+    frame = _user_frame(exc)
+    if frame is not None:
+        code = f": {frame.line.strip()}" if frame.line else ""
+        return f"{first} (at {os.path.basename(frame.filename)}:{frame.lineno}{code})"
     return first
+
+
+def _user_frame(exc: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of the user's code (neither torch's, hapc's nor Python's) in the
+    traceback of ``exc``: where an op torch refused was called (``w.detach_()`` on a view)."""
+    skip = tuple(os.path.dirname(m.__file__) for m in (torch, os, sys.modules["hapc"]))
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(skip)
+              and not f.filename.startswith("<")]
+    return frames[-1] if frames else None
 
 
 def _meta_of(val: Any) -> TensorMeta | None:
@@ -362,8 +378,10 @@ def _source(fx: torch.fx.Node) -> SourceLoc | None:
             code = lines[i + 1].strip() if i + 1 < len(lines) else ""
             frames.append(SourceLoc(file, lineno, code))
     torch_dir = os.path.dirname(torch.__file__)
-    user = [f for f in frames if not f.file.startswith(torch_dir)]
-    return (user or frames or [None])[-1]
+    user = [f for f in frames if not f.file.startswith(torch_dir)] or frames
+    if not user:
+        return None
+    return replace(user[-1], callers=tuple((f.file, f.line) for f in user[:-1]))
 
 
 def _mark_requires_grad(graph: Graph) -> None:

@@ -78,6 +78,10 @@ class SourceLoc:
     file: str
     line: int
     code: str = ""
+    # The user's frames that led to this line, outermost first, as (file, line). Recorded at
+    # trace time only, to put independent nodes in program order canonically
+    # (hapc.frontend.canonical); not serialised, and not part of equality.
+    callers: tuple[tuple[str, int], ...] = field(default=(), compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}"
