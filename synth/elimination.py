@@ -261,10 +261,17 @@ class _SegmentProblem:
         scope = [start_var]
         mask = start_masks
         seconds = np.zeros(len(start_masks))
+        entries = len(start_masks)
         for var, wants in uses:
             if var in scope:
                 axis = scope.index(var)
             else:
+                # A value read by many nodes (a state-space scan unrolled over the sequence reads
+                # its parameters at every step) makes a term over all its readers: left to the
+                # A* and the beam before the table is built, not after (4**14 entries is 2 GiB).
+                entries *= self.domain[var]
+                if entries > MAX_TABLE_ENTRIES:
+                    raise SegmentTooWide(f"segment {self.seg.signature}: a value read by {len(uses)} nodes")
                 scope.append(var)
                 axis = len(scope) - 1
                 mask = mask[..., None]

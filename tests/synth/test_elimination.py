@@ -173,3 +173,42 @@ def _entry_states(searcher: Searcher, seg) -> list[tuple]:
     live = searcher._live[seg.start]
     codes = [searcher._codes_of(vid)[:2] for vid in live]
     return [tuple(1 << c for c in combo) for combo in itertools.product(*codes)]
+
+
+class _Scan(torch.nn.Module):
+    """A state-space scan unrolled over 16 steps (Mamba's slow path): one activation, the
+    discretised state matrix, is read by every step."""
+
+    def __init__(self, d: int = 6, n: int = 4) -> None:
+        super().__init__()
+        self.A = torch.nn.Parameter(-torch.rand(d, n))
+        self.C = torch.nn.Parameter(torch.randn(d, n))
+        self.inp, self.dt = torch.nn.Linear(d, d), torch.nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dt = torch.nn.functional.softplus(self.dt(x))                  # [B, L, D]
+        decay = torch.exp(self.A[None, None] * dt[..., None])           # [B, L, D, N]
+        u = self.inp(x)
+        h = torch.zeros(x.shape[0], x.shape[2], self.A.shape[1])
+        ys = []
+        for t in range(x.shape[1]):
+            h = h * decay[:, t] + u[:, t, :, None]
+            ys.append((h * self.C).sum(-1))
+        return torch.stack(ys, 1).pow(2).mean()
+
+
+def test_a_value_read_by_every_step_of_a_scan_is_not_eliminated_into_a_dense_table():
+    """Its term over all 16 readers would hold 3**17 entries (1 GB; Mamba's 4**14 was 2 GiB and
+    ended a compile in MemoryError): the segment is left to the A* and the beam before any
+    table is built, and the plan is found in little memory."""
+    import tracemalloc
+    from pathlib import Path
+
+    traced = hapc.trace(_Scan(), (torch.randn(5, 16, 6),))
+    tracemalloc.start()
+    try:
+        plan = hapc.baseline(traced, None, str(Path(__file__).resolve().parents[2] / "configs" / "clusters" / "cpu-3nodes-1-2-3.yaml"), "megatron-tp")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert plan.cost > 0 and peak < 300e6, f"{peak / 1e6:.0f} MB"
