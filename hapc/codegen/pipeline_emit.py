@@ -314,7 +314,8 @@ def render_pipeline(plan: Plan, graph: Graph, model_name: str, reduction: str | 
         missing = [b for b in code.needs.values() if producer[b] >= code.first]
         if missing:
             raise UserError(f"stage {k} reads {missing[0]} before its stage computes it (a plan out of order)")
-    tables = [_stage_table(k, code, crossing, codes) for k, code in enumerate(codes)]
+    draws = micro_batch_dims(plan.graph, graph, pipe.microbatches)
+    tables = [_stage_table(k, code, crossing, codes, draws) for k, code in enumerate(codes)]
     if reduction is None:
         split = loss_split_of(graph, pipe.microbatches)
         reduction, loss_node = split.kind, split.node
@@ -380,8 +381,10 @@ def _globals(plan: Plan, graph: Graph, model_name: str, pipe: Any, holders: dict
         emitter._dict("PARAM_OWNER: dict[str, int]", {p: ks[0] for p, ks in holders.items()}),
         emitter._dict("SHARED_PARAMS: dict[str, tuple[int, ...]]",
                       {p: tuple(ks) for p, ks in holders.items() if len(ks) > 1}),
-        "# Dropout (and any random op) draws per micro-batch, which the one-device reference of --verify cannot replay.",
+        "# The nodes that draw random numbers (dropout, rand, ...), in graph order: a micro-batch draws its",
+        "# rows of the whole batch's draw (STAGES' random_batch_dims), which --verify's reference replays.",
         f"PIPELINE_DROPOUT = {uses_dropout(graph)!r}",
+        f"RANDOM_NODES: tuple[tuple[str, str], ...] = {tuple(drawing_nodes(graph))!r}",
         "# One-stage tables the skeleton's helpers read (a pipeline's live in STAGES).",
         "SHARDS: dict[str, tuple[int, tuple[int, ...]]] = {}",
         "LOCAL_CALLS: dict[str, tuple] = {}",
@@ -394,18 +397,39 @@ def _globals(plan: Plan, graph: Graph, model_name: str, pipe: Any, holders: dict
 def uses_dropout(graph: Graph) -> bool:
     """Whether any dropout (or attention dropout) of the graph drops with p > 0, or any other
     random op draws (hapc_random_ops: rand, bernoulli, ...)."""
+    return bool(drawing_nodes(graph))
+
+
+def drawing_nodes(graph: Graph) -> list[tuple[str, str]]:
+    """(op, node) of every node that draws random numbers, in graph order: random ops, dropout
+    with p > 0 in training, attention with dropout; what ``--verify``'s one-device reference
+    replays, one call each (a pipeline's ranks run them once per micro-batch)."""
+    out = []
     for node in graph.nodes:
-        if node.op in runtime_facts.random_ops():
-            return True
+        draws = node.op in runtime_facts.random_ops()
         if node.op == "aten.dropout.default":
             p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
             train = node.kwargs.get("train", node.args[2] if len(node.args) > 2 else True)
-            if train and p:
-                return True
+            draws = bool(train and p)
         if node.op == "aten.scaled_dot_product_attention.default":
-            if node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4 else 0.0):
-                return True
-    return False
+            draws = bool(node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4 else 0.0))
+        if draws:
+            out.append((node.op, node.name))
+    return out
+
+
+def micro_batch_dims(whole: Graph, micro: Graph, m: int) -> dict[str, int]:
+    """Per drawing node whose output holds the batch: the dimension it holds it on (where the
+    whole batch's shape is ``m`` times the micro-batch's). Its micro-batches draw their rows of
+    the whole batch's draw; a node without the batch draws the same in every micro-batch."""
+    out = {}
+    for _, name in drawing_nodes(micro):
+        node = micro.node(name)
+        small, big = micro.meta(node.outputs[0]).shape, whole.meta(node.outputs[0]).shape
+        dims = [d for d, (a, b) in enumerate(zip(small, big)) if a != b and a * m == b]
+        if dims:
+            out[name] = dims[0]
+    return out
 
 
 def loss_split_of(graph: Graph, microbatches: int) -> Any:
@@ -447,7 +471,8 @@ def loss_count_spec(graph: Graph, code: _StageCode, loss_node: str | None) -> di
             "sharded": sharded}
 
 
-def _stage_table(k: int, code: _StageCode, crossing: list[list[str]], codes: list[_StageCode]) -> str:
+def _stage_table(k: int, code: _StageCode, crossing: list[list[str]], codes: list[_StageCode],
+                 draws: dict[str, int]) -> str:
     program, graph = code.program, code.program.graph
     layouts = program.layouts()
     used = set(code.sources) | set(code.needs) | code.produced
@@ -485,6 +510,7 @@ def _stage_table(k: int, code: _StageCode, crossing: list[list[str]], codes: lis
         "needs": needs,
         "shards": shards,
         "local_calls": local_calls,
+        "random_batch_dims": {n: d for n, d in draws.items() if n in local_calls},
         "grad_sync_order": sync,
     }
     inner = "".join(f"        {key!r}: {value!r},\n" for key, value in fields.items())

@@ -108,6 +108,9 @@ class Rank:
         self.seed = seed
         self.tied: list[torch.Tensor] = []      # differentiable collective results of this step
         self.ran: list[tuple[str, str]] = []    # (aten op, node) of each local op this step, in order
+        # A pipeline stage's micro-batch (index, count, {random node: its output's batch dim}): its
+        # random ops draw their rows of the whole batch's draw (hapc_random_ops.micro_batch_view).
+        self.micro: tuple[int, int, dict[str, int]] | None = None
         # A pipeline stage brings its own tables (hapc_pipeline.py); one-stage programs use the globals.
         self.shards = SHARDS if shards is None else shards
         self.local_calls = LOCAL_CALLS if local_calls is None else local_calls
@@ -137,8 +140,18 @@ class Rank:
         name = node if name is None else name
         self.ran.append((op, name))
         world = self.comm.world
-        return L.RankCtx(self.rank, world, name, op, tuple(self.piece_info(n) for n in ins),
-                         tuple(self.piece_info(n) for n in outs), shapes, self.seed, world > 1)
+        ins_info, outs_info = tuple(self.piece_info(n) for n in ins), tuple(self.piece_info(n) for n in outs)
+        if self.micro is not None and op in R.DRAWING_OPS:      # exact pieces: the reference replays them
+            index, count, batch_dims = self.micro
+            dim = batch_dims.get(name)
+            if dim is not None and outs_info:
+                micro_shape = shapes[0]
+                whole, piece = R.micro_batch_view(micro_shape, outs_info[0], dim, index, count)
+                shapes, outs_info = (whole, *shapes[1:]), (piece, *outs_info[1:])
+                if ins_info:    # attention dropout cuts its mask as its queries, whose leading dims these are
+                    ins_info = (R.micro_batch_view(micro_shape, ins_info[0], dim, index, count)[1], *ins_info[1:])
+            return L.RankCtx(self.rank, world, name, op, ins_info, outs_info, shapes, self.seed, True)
+        return L.RankCtx(self.rank, world, name, op, ins_info, outs_info, shapes, self.seed, world > 1)
 
     def drive(self, result: Any) -> Any:
         """Run a local op that asks for collectives (see hapc_collectives.drive)."""

@@ -126,8 +126,9 @@ def verify(trainer: Trainer, loss: torch.Tensor, batch: Sequence[torch.Tensor]) 
         ref.zero_grad(set_to_none=True)
         # The reference draws what the program drew: dropout masks, and every other random op's
         # values (the k-th random op called replays the k-th random node the program ran).
-        replay = R.ReplayDraws(trainer.seed, trainer.rt.ran)
-        with _program_dropout_masks(trainer.seed, trainer.rt.ran, replay), replay, autocast(trainer.device):
+        ran = getattr(trainer, "random_nodes", None) or trainer.rt.ran      # a pipeline's: each node once
+        replay = R.ReplayDraws(trainer.seed, ran)
+        with _program_dropout_masks(trainer.seed, ran, replay), replay, autocast(trainer.device):
             ref_loss = ref(*[x.to(trainer.device) for x in batch])
         ref_loss.backward()
         checks = [("loss", loss.reshape(()), ref_loss.detach().reshape(()))]
@@ -325,10 +326,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--verify compares with the initial weights; it cannot follow --load")
     if "STAGES" in globals() and (args.save or args.load):
         parser.error("--save/--load: checkpoints of pipelined programs are not supported yet")
-    if args.verify and globals().get("PIPELINE_DROPOUT"):
-        parser.error("--verify: this pipelined program's model uses dropout or random ops (rand, bernoulli, ...), "
-                     "whose draws per micro-batch the one-device reference cannot replay; verify with dropout 0 "
-                     "and no random ops in forward")
 
     if "WORLD_SIZE" not in os.environ and WORLD == 1:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",

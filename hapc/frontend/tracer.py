@@ -223,6 +223,7 @@ def _lift(ep: torch.export.ExportedProgram) -> Graph:
                 values[o] = Value(o, m, "activation")
         kept = tuple(o for o, m in zip(outs, metas) if m is not None)
         op, in_place = _functional(_op_name(fx.target))
+        op = _DEFINED.get(op, op)
         if op.startswith("aten._assert") or (not kept and op in DROPPED_OPS):
             return
         args = tuple(lift_arg(a, prefix) for a in fx.args)
@@ -283,6 +284,12 @@ def _lift(ep: torch.export.ExportedProgram) -> Graph:
 # ``normal.default``, no ``bernoulli.float``): timm's drop path is ``x.new_empty(s).bernoulli_(p)``.
 _FUNCTIONAL_TWINS = {"aten.normal_.default": "aten.normal_functional.default",
                      "aten.bernoulli_.float": "aten.bernoulli.p"}
+
+
+# Uninitialised tensors, as zeros: any contents are what ``empty`` promises, and zeros have rules
+# (each rank makes its piece) where undefined values could not be checked. Models fill them at
+# once (timm's drop path: ``x.new_empty(b, 1, 1).bernoulli_(keep)``).
+_DEFINED = {"aten.new_empty.default": "aten.new_zeros.default", "aten.empty_like.default": "aten.zeros_like.default"}
 
 
 def _functional(op: str) -> tuple[str, bool]:

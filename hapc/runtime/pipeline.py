@@ -219,8 +219,10 @@ class PipelineTrainer:
         v.update(inputs)
         for name, (base, layout) in st["needs"].items():
             v[name] = self._piece(whole[base], name, layout)
-        # A dropout mask per micro-batch (the same on every member of the group).
-        self.rt.seed, self.rt.tied, self.rt.ran = (self.seed + self.steps_done) * P.MICROBATCHES + i, [], []
+        # The step's seed, as a one-stage program's: micro-batch i draws its rows of the whole
+        # batch's draw (hapc_random_ops.micro_batch_view), the same on every member of the group.
+        self.rt.seed, self.rt.tied, self.rt.ran = self.seed + self.steps_done, [], []
+        self.rt.micro = (i, P.MICROBATCHES, st["random_batch_dims"])
         with P.autocast(self.device):
             results = self.forward(self.rt, v)
         tied, self.rt.tied = self.rt.tied, []
@@ -366,6 +368,13 @@ class PipelineTrainer:
                 dist.broadcast(total, src=self.root, group=self.comm.group)
             leaf = self.sources[name]
             leaf.grad = self.rt.piece(name, total).clone()
+
+    # ---- --verify -----------------------------------------------------------------------------------
+    @property
+    def random_nodes(self) -> tuple[tuple[str, str], ...]:
+        """What the one-device reference replays: every drawing node once, in graph order (this
+        rank ran only its stage's, once per micro-batch)."""
+        return tuple(self.P.RANDOM_NODES)
 
     # ---- whole gradients for --verify ------------------------------------------------------------
     def full_grads(self) -> dict[str, torch.Tensor]:

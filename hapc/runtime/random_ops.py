@@ -66,10 +66,13 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 def global_indices(shape: Sequence[int], piece: Any = None,
                    device: torch.device | str | None = None) -> torch.Tensor:
     """Row-major positions in the global tensor of ``shape`` of every element of ``piece`` (a
-    ``ShardInfo``: its slice along ``piece.dim``; the whole tensor when None), as int64."""
+    ``ShardInfo``: its slice along ``piece.dim``; a tuple of them: a box cut along several dims;
+    the whole tensor when None), as int64."""
     shape = [int(s) for s in shape]
     if piece is None or not shape:
         return torch.arange(math.prod(shape), device=device, dtype=torch.int64).reshape(shape)
+    if isinstance(piece, tuple):
+        return _box_indices(shape, piece, device)
     d = piece.dim
     outer, length, inner = math.prod(shape[:d]), piece.length, math.prod(shape[d + 1:])
     rows = torch.arange(outer, device=device, dtype=torch.int64).mul_(shape[d] * inner).view(-1, 1, 1)
@@ -77,6 +80,52 @@ def global_indices(shape: Sequence[int], piece: Any = None,
     cols = torch.arange(inner, device=device, dtype=torch.int64)
     local = shape[:d] + [length] + shape[d + 1:]
     return (rows + mid.view(1, -1, 1) + cols.view(1, 1, -1)).reshape(local)
+
+
+def _box_indices(shape: list[int], pieces: tuple, device: torch.device | str | None) -> torch.Tensor:
+    cut = {p.dim: (p.offset, p.length) for p in pieces}
+    index = torch.zeros([cut.get(d, (0, n))[1] for d, n in enumerate(shape)], dtype=torch.int64, device=device)
+    stride = 1
+    for d in reversed(range(len(shape))):
+        offset, length = cut.get(d, (0, shape[d]))
+        index += torch.arange(offset, offset + length, device=device, dtype=torch.int64).mul_(stride).view(
+            [-1 if k == d else 1 for k in range(len(shape))])
+        stride *= shape[d]
+    return index
+
+
+def along(piece: Any, dim: int) -> Any:
+    """The part of ``piece`` (a ShardInfo, a box of them, or None) that cuts ``dim``, or None."""
+    for p in piece if isinstance(piece, tuple) else (piece,):
+        if p is not None and p.dim == dim:
+            return p
+    return None
+
+
+def micro_batch_view(shape: Sequence[int], piece: Any, dim: int, index: int, count: int) -> tuple[tuple[int, ...], Any]:
+    """A pipeline's micro-batch ``index`` of ``count`` as a piece of the whole batch: the global
+    ``shape`` with its batch ``dim`` ``count`` times longer, and ``piece`` (this rank's, in the
+    micro-batch) moved to the micro-batch's rows, so a micro-batch draws exactly the rows of
+    the whole batch's draw (what ``--verify``'s one-device reference replays)."""
+    rows = int(shape[dim])
+    whole = tuple(int(s) * (count if d == dim else 1) for d, s in enumerate(shape))
+    start = index * rows
+    on_dim = along(piece, dim)
+    moved = _Rows(dim, start + on_dim.offset, on_dim.length, whole[dim]) if on_dim is not None else \
+        _Rows(dim, start, rows, whole[dim])
+    others = tuple(p for p in (piece if isinstance(piece, tuple) else (piece,)) if p is not None and p.dim != dim)
+    return whole, (moved, *others) if others else moved
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Rows of the whole batch along its dimension: a ShardInfo's fields (that class lives in
+    the local ops' file, which this one does not read)."""
+
+    dim: int
+    offset: int
+    length: int
+    global_length: int
 
 
 def hashed_bits(node: str, step_seed: int, shape: Sequence[int], piece: Any = None,
@@ -205,7 +254,8 @@ def sdpa_dropout(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at
     q_info = ctx.inputs[0]
     shape = (*ctx.out_shapes[0][:-1], k.shape[-2])            # [B, H, Sq, Sk], global
     keep = dropout_keep(ctx.node, ctx.seed, shape, dropout_p, q_info, q.device)   # q's dims lead the weights'
-    offset = q_info.offset if q_info is not None and q_info.dim == 2 else 0
+    queries = along(q_info, 2)
+    offset = queries.offset if queries is not None else 0
     return attention_with_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, keep, offset)
 
 
@@ -307,6 +357,8 @@ RANDOM_OP_NAMES = (
     "aten.uniform.default", "aten.exponential.default", "aten.randperm.default", "aten.multinomial.default",
 )
 RANDOM_OPS = frozenset(RANDOM_OP_NAMES)
+# Every op whose local implementation draws: the random ops, dropout and attention dropout.
+DRAWING_OPS = RANDOM_OPS | {"aten.dropout.default", "aten.scaled_dot_product_attention.default"}
 # What a module calls eagerly (in place) -> the functional op torch.export's trace records.
 EAGER_TWINS = {"aten.normal_.default": "aten.normal_functional.default", "aten.uniform_.default": "aten.uniform.default",
                "aten.exponential_.default": "aten.exponential.default", "aten.bernoulli_.float": "aten.bernoulli.p",

@@ -223,8 +223,10 @@ def test_three_stages_on_groups_of_one_two_and_three_ranks_verify(tmp_path):
 
 
 @pytest.mark.slow
-def test_hugging_face_gpt2_pipelined_across_two_nodes_under_gpipe_verifies(tmp_path):
-    hf = {**TINY, "batch": 8, "attn_dropout": 0.0}
+def test_hugging_face_gpt2_pipelined_across_two_nodes_under_gpipe_verifies_with_dropout(tmp_path):
+    """Dropout and attention dropout draw per micro-batch their rows of the whole batch's masks,
+    which the one-device reference replays (issue 23)."""
+    hf = {**TINY, "batch": 8, "dropout": 0.1, "attn_dropout": 0.1}
     plan = forced_pipeline(HF_GPT2, hf, TWO_NODES, [(0, 1), (2, 3)], [0.5], 4, schedule="gpipe",
                            group_program="dp-flops")
     outs = _launch(_emit(plan, tmp_path), [2, 2], "--steps", "1", "--verify")
@@ -232,6 +234,17 @@ def test_hugging_face_gpt2_pipelined_across_two_nodes_under_gpipe_verifies(tmp_p
 
 
 LOSSES = REPO / "tests" / "e2e" / "families" / "losses.py"
+RANDOM_MASKING = REPO / "tests" / "e2e" / "families" / "random_masking.py"
+
+
+@pytest.mark.slow
+def test_random_ops_in_a_pipeline_verify(tmp_path):
+    """MAE masking noise, drop path (rand and timm's new_empty().bernoulli_), randn_like and
+    bernoulli, pipelined in 2 micro-batches over groups of two (issue 24)."""
+    plan = forced_pipeline(RANDOM_MASKING, {"batch": 8}, TWO_NODES, [(0, 1), (2, 3)], [0.5], 2,
+                           group_program="dp-flops")
+    outs = _launch(_emit(plan, tmp_path), [2, 2], "--steps", "2", "--verify")
+    assert "verify: ok" in outs[0], outs[0][-2000:]
 
 
 @pytest.mark.slow

@@ -208,3 +208,25 @@ def test_cuda_draws_what_the_cpu_draws(op):
         assert torch.allclose(cuda, cpu, rtol=1e-6, atol=0)     # log/cos of float64 may differ by an ulp
     else:
         assert torch.equal(cuda, cpu)
+
+
+@pytest.mark.parametrize("shape, dim, count, piece", [
+    ((8, 5), 0, 4, None), ((6, 4, 3), 0, 2, (2, 1, 2)), ((6, 4, 3), 1, 2, (0, 2, 1)), ((2, 9, 4), 1, 3, (1, 1, 2)),
+])
+def test_a_micro_batch_draws_its_rows_of_the_whole_batchs_draw(shape, dim, count, piece):
+    """A pipeline's micro-batch ``i`` (its local piece along ``piece`` = (dim, offset, length),
+    or whole) draws exactly those elements of the whole batch's draw: what --verify replays."""
+    from hapc.runtime.local_ops import ShardInfo
+    from hapc.runtime.random_ops import hashed_bits, micro_batch_view
+
+    rows = shape[dim] // count
+    micro = tuple(rows if d == dim else n for d, n in enumerate(shape))
+    whole_draw = hashed_bits("node", 11, shape)
+    for i in range(count):
+        info = None if piece is None else ShardInfo(piece[0], piece[1], piece[2], micro[piece[0]])
+        whole, moved = micro_batch_view(micro, info, dim, i, count)
+        assert whole == tuple(shape)
+        expected = whole_draw.narrow(dim, i * rows, rows)
+        if info is not None:
+            expected = expected.narrow(info.dim, info.offset, info.length)
+        assert torch.equal(hashed_bits("node", 11, whole, moved), expected)
