@@ -7,7 +7,9 @@ model turns them into base units (flops per second, bytes, bytes per second) onc
 
 Where a device has no hardware path for a dtype (bf16 before Ampere, TF32 before Ampere),
 the entry repeats the fp32 peak: that is what the framework falls back to, so a plan priced
-in that dtype is not made to look faster than the card can run it.
+in that dtype is not made to look faster than the card can run it. Such a dtype is listed in
+the entry's ``unrated`` (no rate of its own): ``--precision fp16`` refuses a device whose fp16
+is unrated, and ``--precision auto`` picks only a dtype every device rates above its fp32.
 
 Link numbers are per direction (what one rank can push to its neighbour in a ring), which
 is what the alpha-beta model in :mod:`costmodel.collectives` needs. Latencies are typical
@@ -31,6 +33,12 @@ class DeviceSpec:
     memory_GB: float
     hbm_GBps: float
     note: str = ""
+    unrated: frozenset[str] = frozenset()     # dtypes not in ``tflops`` as given (filled with fp32)
+
+    def __post_init__(self) -> None:
+        given = dict(self.tflops)
+        object.__setattr__(self, "unrated", self.unrated | {k for k in DTYPES if k not in given})
+        object.__setattr__(self, "tflops", {k: given.get(k, given["fp32"]) for k in DTYPES})
 
 
 @dataclass(frozen=True)
@@ -45,8 +53,10 @@ class LinkSpec:
 
 def _peaks(fp32: float, tf32: float | None = None, bf16: float | None = None,
            fp16: float | None = None) -> dict[str, float]:
-    """Missing entries fall back to fp32: the dtype then runs on the fp32 units."""
-    return {"fp32": fp32, "tf32": tf32 or fp32, "bf16": bf16 or fp32, "fp16": fp16 or fp32}
+    """The rates given; :class:`DeviceSpec` fills the others with fp32 (the dtype then runs on
+    the fp32 units) and lists them as unrated."""
+    given = {"tf32": tf32, "bf16": bf16, "fp16": fp16}
+    return {"fp32": fp32, **{k: v for k, v in given.items() if v is not None}}
 
 
 _DEVICES = [
@@ -66,7 +76,9 @@ _DEVICES = [
                "tensor-core fp16/bf16 with fp32 accumulate, as training uses"),
     DeviceSpec("MI250", _peaks(45.3, bf16=362.1, fp16=362.1), 128, 3277,
                "both dies of the OAM module as one device; fp32 vector peak"),
-    DeviceSpec("cpu", _peaks(0.1), 16, 20, "a modest default for a few CPU cores; profile for real numbers"),
+    DeviceSpec("cpu", _peaks(0.1, bf16=0.1, fp16=0.1), 16, 20,
+               "a modest default for a few CPU cores; profile for real numbers. CPU autocast runs bf16 and "
+               "fp16, at about the fp32 rate (so --precision auto keeps fp32)"),
 ]
 
 # Short names people use for the common variant.

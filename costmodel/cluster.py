@@ -69,6 +69,8 @@ class Device:
     peak_flops: Mapping[str, float]     # dtype ("fp32", "tf32", "bf16", "fp16") -> flop/s
     memory_bytes: int
     hbm_bandwidth_Bps: float
+    # Dtypes whose peak above is the fp32 one filled in: the device has no rate of its own for them.
+    unrated: frozenset[str] = frozenset()
 
     def flops(self, dtype: str) -> float:
         return self.peak_flops[dtype]
@@ -313,7 +315,7 @@ class Cluster:
 
 
 def _device_dict(d: Device) -> dict[str, Any]:
-    return {"name": d.type, "peak_flops": {k: d.peak_flops[k] for k in DTYPES},
+    return {"name": d.type, "peak_flops": {k: d.peak_flops[k] for k in DTYPES if k not in d.unrated},
             "memory_bytes": d.memory_bytes, "hbm_Bps": d.hbm_bandwidth_Bps}
 
 

@@ -138,10 +138,10 @@ def parse_cluster(data: Any, file: str = "<cluster dict>") -> Cluster:
         for _ in range(repeat):
             node_index = len(hosts)
             ranks = []
-            for (name, peaks, mem, hbm), n in kinds:
+            for (name, peaks, mem, hbm, unrated), n in kinds:
                 for _ in range(n):
                     ranks.append(len(devices))
-                    devices.append(Device(len(devices), node_index, name, peaks, mem, hbm))
+                    devices.append(Device(len(devices), node_index, name, peaks, mem, hbm, unrated))
             hosts.append(Host(node_index, tuple(ranks), intra))
 
     network = None
@@ -219,8 +219,9 @@ def _count(ctx: _Ctx, path: str, value: Any) -> int:
     return value
 
 
-def _device_group(ctx: _Ctx, path: str, g: Any) -> tuple[tuple[str, dict[str, float], int, float], int]:
-    """((type name, peak flop/s per dtype, memory bytes, HBM bytes/s), count) of one device group."""
+def _device_group(ctx: _Ctx, path: str, g: Any) -> tuple[tuple[str, dict[str, float], int, float, frozenset], int]:
+    """((type name, peak flop/s per dtype, memory bytes, HBM bytes/s, unrated dtypes), count) of
+    one device group."""
     if isinstance(g, str):
         raise ctx.fail(path, f"expected {{type: {g}, count: N}}, got a bare name")
     if not isinstance(g, Mapping):
@@ -231,6 +232,7 @@ def _device_group(ctx: _Ctx, path: str, g: Any) -> tuple[tuple[str, dict[str, fl
     count = _count(ctx, f"{path}.count", g["count"])
 
     peaks: dict[str, float] | None = None
+    unrated: frozenset[str] = frozenset()
     memory: float | None = None
     hbm: float | None = None
     name = g.get("name")
@@ -240,7 +242,7 @@ def _device_group(ctx: _Ctx, path: str, g: Any) -> tuple[tuple[str, dict[str, fl
             known = ", ".join(device_names()[:8])
             raise ctx.fail(f"{path}.type", f"unknown device type {g['type']!r}; expected a catalog name "
                            f"({known}, ...) or your own tflops, memory_GB, hbm_GBps")
-        peaks = {k: v * 1e12 for k, v in spec.tflops.items()}
+        peaks, unrated = {k: v * 1e12 for k, v in spec.tflops.items()}, spec.unrated
         memory, hbm = spec.memory_GB * 1e9, spec.hbm_GBps * 1e9
         note = alias_note(str(g["type"])) if "memory_GB" not in g and "memory_bytes" not in g else None
         if note is not None and not any(f" as {spec.name} " in n for n in ctx.notes):     # once per type
@@ -248,7 +250,7 @@ def _device_group(ctx: _Ctx, path: str, g: Any) -> tuple[tuple[str, dict[str, fl
         name = name or spec.name
     if "tflops" in g or "peak_flops" in g:
         key, scale = ("tflops", 1e12) if "tflops" in g else ("peak_flops", 1.0)
-        peaks = _peaks(ctx, f"{path}.{key}", g[key], scale, peaks)
+        peaks, unrated = _peaks(ctx, f"{path}.{key}", g[key], scale, peaks, unrated)
     if "memory_GB" in g:
         memory = _number(ctx, f"{path}.memory_GB", g["memory_GB"]) * 1e9
     if "memory_bytes" in g:
@@ -261,12 +263,14 @@ def _device_group(ctx: _Ctx, path: str, g: Any) -> tuple[tuple[str, dict[str, fl
         if got is None:
             raise ctx.fail(f"{path}.{field_name}" if "type" not in g else f"{path}.type",
                            "missing; a device without a catalog 'type' needs tflops, memory_GB and hbm_GBps")
-    return (str(name or "custom"), peaks, round(memory), hbm), count
+    return (str(name or "custom"), peaks, round(memory), hbm, unrated), count
 
 
-def _peaks(ctx: _Ctx, path: str, value: Any, scale: float, base: dict[str, float] | None) -> dict[str, float]:
-    """A single number (every dtype) or a per-dtype mapping; dtypes left out keep the catalog's
-    value or fall back to fp32."""
+def _peaks(ctx: _Ctx, path: str, value: Any, scale: float, base: dict[str, float] | None,
+           unrated: frozenset[str]) -> tuple[dict[str, float], frozenset[str]]:
+    """(peaks, unrated dtypes) from a single number (every dtype, each rated at it) or a
+    per-dtype mapping; dtypes left out keep the catalog's value (and its rating) or fall back
+    to fp32, unrated."""
     if isinstance(value, Mapping):
         for k in value:
             if k not in DTYPES:
@@ -276,9 +280,10 @@ def _peaks(ctx: _Ctx, path: str, value: Any, scale: float, base: dict[str, float
             raise ctx.fail(f"{path}.fp32", "missing; a custom device needs at least its fp32 peak")
         out = dict(base) if base else {}
         out.update(given)
-        return {k: out.get(k, out["fp32"]) for k in DTYPES}
+        missing = unrated if base else frozenset(k for k in DTYPES if k not in out)
+        return {k: out.get(k, out["fp32"]) for k in DTYPES}, frozenset(missing - set(given))
     x = _number(ctx, path, value) * scale
-    return {k: x for k in DTYPES}
+    return {k: x for k in DTYPES}, frozenset()
 
 
 def _link(ctx: _Ctx, path: str, value: Any) -> Link:

@@ -59,8 +59,10 @@ def synthesize(model: torch.nn.Module | Traced | ModelFileTrace | str | os.PathL
 
     ``time_budget`` (seconds) bounds the search; the plan then says how far from proven
     optimal it may be. ``model_file``/``model_kwargs`` let ``plan.emit`` rebuild the model.
-    ``precision`` is ``"fp32"`` or ``"bf16"`` (autocast with float32 master weights; the
-    search prices the graph as autocast runs it, see :mod:`hapc.ir.precision`).
+    ``precision`` is ``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast with float32 master weights,
+    fp16 with dynamic loss scaling; the search prices the graph as autocast runs it, see
+    :mod:`hapc.ir.precision`), or ``"auto"``: bf16, fp16 or fp32, whichever every device of
+    the cluster computes fastest (:mod:`costmodel.precision_choice`).
     ``stages="auto"`` also searches pipelines (stages on device groups, each with its own
     SPMD program; see :mod:`synth.stages`) and keeps one when it is predicted faster; an
     integer forces that many stages, ``microbatches``/``schedule`` ("1f1b", "gpipe") force
@@ -96,8 +98,8 @@ def _synthesize(traced: Traced, cluster: str | Mapping[str, Any] | Cluster, from
                 schedule: str | None) -> Plan:
     from synth.synthesize import synthesize_program
 
-    numerics = _precision(precision)
     cl = load_cluster(cluster)
+    numerics = _precision(precision, cl)
     if stages is not None:
         _check_stage_options(traced, stages, microbatches, schedule)      # before any search
     graph = autocast_graph(traced.graph, numerics.name)
@@ -214,7 +216,7 @@ def baseline(model: torch.nn.Module | Traced | str | os.PathLike, inputs: Sequen
     from costmodel.simulator import simulate
     from synth.baselines import baseline_program
 
-    numerics = _precision(precision)
+    _precision(precision, None)              # a bad name fails before any tracing
     if isinstance(model, (str, os.PathLike)):
         model_file = model_file or str(Path(model).resolve())
         with _trace_file(model, model_kwargs or {}, trace_cache, None) as from_file:
@@ -222,24 +224,33 @@ def baseline(model: torch.nn.Module | Traced | str | os.PathLike, inputs: Sequen
     else:
         traced = _traced(model, inputs)
     cl = load_cluster(cluster)
+    numerics = _precision(precision, cl)
     program = baseline_program(name, autocast_graph(traced.graph, numerics.name), cl)
     return Plan(program, cl, simulate(program, cl, optimizer=optimizer), name, {}, {},
                 _model_info(model_file, model_kwargs, optimizer), _assumed(numerics, cl))
 
 
-def _precision(name: str) -> Precision:
+def _precision(name: str, cluster: Cluster | None) -> Precision:
+    """The precision to plan: ``name`` checked, and with a cluster ``auto`` resolved and
+    ``fp16`` refused on devices without an fp16 rate (:mod:`costmodel.precision_choice`)."""
+    from costmodel.precision_choice import resolve_precision
+
     try:
-        return Precision(check_precision(name))
+        check_precision(name)
     except ValueError as exc:
         raise UserError(str(exc), where="precision") from None
+    if cluster is None:
+        return Precision(name)
+    chosen, why = resolve_precision(name, cluster)
+    return Precision(chosen, auto=why)
 
 
 def _assumed(numerics: Precision, cluster: Cluster) -> Precision:
     """What the plan records: TF32 as the cluster file says (the compute model priced fp32
     products at the TF32 peak exactly then), gradients reduced in float32 (the master
     weights' dtype, as DDP under autocast does; bf16 would halve those bytes but round every
-    summed gradient)."""
-    return Precision(numerics.name, cluster.allow_tf32, "fp32")
+    summed gradient, and fp16's loss-scaled gradients could overflow in the sum itself)."""
+    return Precision(numerics.name, cluster.allow_tf32, "fp32", numerics.auto)
 
 
 def _model_info(model_file: str | None, kwargs: Mapping[str, Any] | None, optimizer: str) -> dict[str, Any]:

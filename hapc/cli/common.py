@@ -65,12 +65,12 @@ def print_notes(notes: list[str], args: argparse.Namespace) -> None:
             print(f"hapc: note: {note}", file=sys.stderr)
 
 
-def check_precision(name: str) -> None:
+def check_precision(name: str, *, allow_auto: bool = True) -> None:
     """Bad --precision fails before any work, in one line."""
     from hapc.ir.precision import check_precision as check
 
     try:
-        check(name)
+        check(name, allow_auto=allow_auto)
     except ValueError as exc:
         raise UserError(str(exc), where="--precision") from None
 

@@ -20,6 +20,7 @@ from hapc.errors import UserError
 EXAMPLES = (
     'hapc compile configs/models/gpt.py --cluster configs/clusters/small-mixed.yaml -o out --set dropout=0.0',
     'hapc compile model.py --cluster cluster.yaml --stages auto --precision bf16 -o out',
+    'hapc compile model.py --cluster configs/clusters/t4x4-a100x1.yaml --precision auto -o out   # fp16 there',
     'torchrun --nproc_per_node=4 out/program.py --device cpu --verify      # then run what it wrote',
 )
 
@@ -39,8 +40,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     comp.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                       help="stop the search after this long and keep the best plan found (with its gap)")
     comp.add_argument("--optimizer", default="adamw", help="optimizer whose state memory to plan for")
-    comp.add_argument("--precision", default="fp32", metavar="fp32|bf16",
-                      help="fp32, or bf16: autocast forward with fp32 master weights, priced at the bf16 peak")
+    comp.add_argument("--precision", default="fp32", metavar="fp32|bf16|fp16|auto",
+                      help="fp32; bf16 or fp16: autocast forward with fp32 master weights, priced at that peak "
+                           "(fp16 with dynamic loss scaling); auto: bf16 if every device computes it faster than "
+                           "fp32, else fp16 if every device does, else fp32")
     comp.add_argument("--no-emit", action="store_true", help="write the plan and report only")
     comp.add_argument("--stages", default=None, metavar="N|auto",
                       help="also search pipeline stages on device groups ('auto'), or force N stages")
@@ -80,11 +83,23 @@ def run(args: argparse.Namespace) -> int:
     _stages(args.stages)              # a bad --stages fails before any tracing
     overrides = parse_overrides(args.set)
     loaded = []
+    traced_precision = args.precision
+    if args.precision in ("fp16", "auto"):
+        # Which precision (and whether fp16 suits the devices) depends on the cluster: read it
+        # first, so that the trace child derives the strategies of the precision planned.
+        from costmodel.cluster import load_cluster
+        from costmodel.precision_choice import resolve_precision
+
+        loaded.append(load_cluster(args.cluster))
+        traced_precision, why = resolve_precision(args.precision, loaded[0])
+        if why:
+            say(f"--precision auto: {traced_precision} ({why})")
 
     def meanwhile() -> None:          # while a child traces; else before the trace
         from costmodel.cluster import load_cluster
 
-        loaded.append(load_cluster(args.cluster))     # bad cluster files fail before any tracing
+        if not loaded:
+            loaded.append(load_cluster(args.cluster))     # bad cluster files fail before any tracing
         print_notes(loaded[0].notes, args)
         _import_planning(emit=not args.no_emit)
 
@@ -94,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
     cache = None if args.no_trace_cache else TraceCache(note=note)
     with transient(f"tracing {args.model}", quiet=args.quiet):
-        from_file = trace_file(args.model, overrides, cache=cache, command_line=True, precision=args.precision,
+        from_file = trace_file(args.model, overrides, cache=cache, command_line=True, precision=traced_precision,
                                meanwhile=meanwhile)
     with from_file:                      # a child writing the cache entry never outlives the command
         return _plan_and_write(args, from_file, loaded[0], overrides, say, started)

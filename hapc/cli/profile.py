@@ -40,8 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                       help="also time every distinct op of this model (forward and backward, shard sizes) on "
                            "one device; stored beside the cluster file (CLUSTER.ops.json), used by the cost model")
     prof.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=key_value, help="model config override")
-    prof.add_argument("--precision", default="fp32", metavar="fp32|bf16", help="time the model's ops as this "
-                      "precision runs them (bf16: under autocast)")
+    prof.add_argument("--precision", default="fp32", metavar="fp32|bf16|fp16", help="time the model's ops as this "
+                      "precision runs them (bf16, fp16: under autocast)")
     prof.add_argument("--ops-only", action="store_true",
                       help="with --model: keep the existing cluster file, only time the model's ops")
     prof.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from profiler.profile import profile
 
     if args.model:
-        check_precision(args.precision)
+        check_precision(args.precision, allow_auto=False)
     if args.ops_only:
         if not args.model:
             raise UserError("--ops-only times a model's ops: give --model MODEL.py", where="--ops-only")
@@ -94,7 +94,7 @@ def _profile_model_ops(args: argparse.Namespace) -> int:
     graph = autocast_graph(trace_meta_first(mf, trace).graph, args.precision)
     failed: list[str] = []
     table = profile_ops(graph, args.output, cluster.devices[0].type, device,
-                        autocast=torch.bfloat16 if args.precision == "bf16" else None,
+                        autocast={"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision),
                         allow_tf32=cluster.allow_tf32, failures=failed, say=say)
     if failed:
         print(f"hapc: warning: these ops did not run on {device_type} in {args.precision} (no kernel for it "

@@ -49,6 +49,7 @@ SKELETON_MAIN = Path(__file__).with_name("skeleton_main.py")     # the program's
 # The runtime beside the program: copied, never imported (each imports torch).
 RUNTIME_FILES = {"hapc_local_ops.py": runtime_facts.LOCAL_OPS, "hapc_random_ops.py": runtime_facts.RANDOM_OPS,
                  "hapc_collectives.py": runtime_facts.COLLECTIVES,
+                 "hapc_loss_scale.py": runtime_facts.LOSS_SCALE,   # fp16
                  "hapc_checkpoint.py": runtime_facts.CHECKPOINT,   # --save/--load
                  "hapc_timings.py": runtime_facts.TIMINGS}         # --timings
 BEGIN = "# ==== generated: tables and forward (begin) ===="
@@ -56,7 +57,7 @@ END = "# ==== generated: tables and forward (end) ===="
 CONTINUED = "# ==== skeleton, continued ====\n"    # in skeleton_main.py: the program text follows
 OPTIMIZERS = ("adamw", "adam", "sgd")
 # Names the generated forward uses for itself; values never take them.
-RESERVED = {"rt", "v", "aten", "torch", "math", "L", "R", "C", "M", "forward", "nodes", "params", "Any"}
+RESERVED = {"rt", "v", "aten", "torch", "math", "L", "R", "C", "S", "M", "forward", "nodes", "params", "Any"}
 BLOCK_FUNCTION = re.compile(r"block_\d+")     # names of the block functions (hapc.codegen.by_block)
 _NOT_WORD = re.compile(r"\W+")
 
@@ -260,12 +261,14 @@ def _precision_tables(precision: Any) -> str:
     p = precision if precision is not None else Precision()
     return "\n".join([
         "",
-        "# Numerics the plan was priced for: bf16 runs the forward under torch.autocast with float32",
-        "# master weights and optimizer state; ALLOW_TF32 (the cluster file's allow_tf32) lets",
+        "# Numerics the plan was priced for: bf16 and fp16 run the forward under torch.autocast with",
+        "# float32 master weights and optimizer state; ALLOW_TF32 (the cluster file's allow_tf32) lets",
         "# float32 products use TF32 units, overridable with --tf32 on|off. Gradients are",
-        f"# all-reduced in {p.grad_reduce_dtype}.",
+        f"# all-reduced in {p.grad_reduce_dtype}. LOSS_SCALING (fp16): GradScaler's dynamic loss scaling,",
+        "# its skip decision agreed by every rank (hapc_loss_scale.py).",
         f"PRECISION = {p.name!r}",
         f"ALLOW_TF32 = {p.allow_tf32!r}",
+        f"LOSS_SCALING = {p.loss_scaling!r}",
     ])
 
 
@@ -555,7 +558,7 @@ Run (N = {n}; the rank's device comes from torchrun's LOCAL_RANK):
         [--timings]                                  # per-rank compute, comm and idle seconds
 
 Files beside this one: {model_name} (the model file), hapc_local_ops.py, hapc_random_ops.py,
-hapc_collectives.py, hapc_checkpoint.py and hapc_timings.py (the runtime). Only torch is needed. The plan is data (the tables below); ``forward`` is one
+hapc_collectives.py, hapc_loss_scale.py, hapc_checkpoint.py and hapc_timings.py (the runtime). Only torch is needed. The plan is data (the tables below); ``forward`` is one
 line per step of the plan, with the user's source line above the ops it produced; a block of steps
 repeated layer after layer is one function (``block_<k>``) that ``forward`` calls once per layer.
 

@@ -33,6 +33,7 @@ LOCAL_OP_MODULES = {"L": LOCAL_OPS, "R": RANDOM_OPS}
 PIPELINE = RUNTIME / "pipeline.py"           # copied as hapc_pipeline.py (pipelined plans)
 CHECKPOINT = RUNTIME / "checkpoint.py"       # copied as hapc_checkpoint.py (--save/--load)
 TIMINGS = RUNTIME / "timings.py"             # copied as hapc_timings.py (--timings)
+LOSS_SCALE = RUNTIME / "loss_scale.py"       # copied as hapc_loss_scale.py (fp16's loss scaling)
 
 
 @functools.cache

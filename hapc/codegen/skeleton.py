@@ -58,6 +58,7 @@ def _load(name: str, file: str):
 L = _load("hapc_local_ops", "hapc_local_ops.py")          # per-rank pieces of some ops
 R = _load("hapc_random_ops", "hapc_random_ops.py")        # random draws any rank can make for its piece
 C = _load("hapc_collectives", "hapc_collectives.py")      # uneven collectives, autograd duals
+S = _load("hapc_loss_scale", "hapc_loss_scale.py")        # fp16's dynamic loss scaling, agreed by all ranks
 aten = torch.ops.aten
 
 # ==== generated: tables and forward (begin) ====
@@ -80,6 +81,7 @@ GRAD_SYNC_ORDER: tuple[str, ...] = ()
 NODE_SIZES: tuple[int, ...] = (1,)
 PRECISION = "fp32"
 ALLOW_TF32 = False
+LOSS_SCALING: dict[str, float] | None = None
 
 
 def forward(rt: Rank, v: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -233,13 +235,18 @@ class Trainer:
         for name, target in CONSTANTS.items():
             self.sources[name] = self.rt.piece(name, constants[target].detach()).to(self.device).clone()
         self.sync = C.GradSync(self.comm, [self.sources[n] for n in GRAD_SYNC_ORDER], overlap=overlap_grad_sync)
+        self.scaler = make_loss_scaler(self.device)
+        self.verdict = self.scaler.before_first_step()       # the last step's: skipped or not, its loss scale
 
     def step(self, batch: Sequence[torch.Tensor], *, local: bool = False) -> torch.Tensor:
         """Forward, backward and gradient synchronisation for one batch; returns the global loss.
 
         ``batch`` is the global batch (the same on every rank; each takes its piece), or with
         ``local=True`` this rank's pieces already. Gradients land in ``.grad`` of the local
-        leaves, complete for this rank's pieces: step your optimizer, then zero them.
+        leaves, complete for this rank's pieces: step your optimizer, then zero them. Under fp16
+        the loss is scaled for backward and the gradients unscaled after their all-reduce; a
+        step whose gradients overflowed on any rank leaves them None on every rank
+        (``self.verdict.skipped``), so an optimizer step changes nothing.
         """
         batch = tuple(batch)
         if len(batch) != len(INPUTS):
@@ -260,10 +267,11 @@ class Trainer:
             # A Partial loss is summed over ranks: each back-propagates its piece. A replicated
             # loss is counted once: rank 0's copy (the others back-propagate zeros, which still
             # runs every collective of the backward on every rank).
-            (loss if LOSS_PARTIAL or self.rank == 0 else loss * 0).backward()
+            (self.scaler.scale_loss(loss) if LOSS_PARTIAL or self.rank == 0 else loss * 0).backward()
             self.sync.finish()
         if summing is not None:
             summing.wait()
+        self.verdict = self.scaler.finish(list(self.params.values()))     # unscale the synced gradients
         return total
 
     def full_grads(self) -> dict[str, torch.Tensor]:
@@ -361,7 +369,13 @@ def make_optimizer(params: list[torch.Tensor]) -> torch.optim.Optimizer:
 
 
 def autocast(device: torch.device):
-    """The forward's numerics: bf16 autocast for a bf16 plan (on CPU as on CUDA), else float32."""
-    if PRECISION == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
+    """The forward's numerics: bf16 or fp16 autocast for such a plan (on CPU as on CUDA), else float32."""
+    if PRECISION in ("bf16", "fp16"):
+        return torch.autocast(device.type, dtype=torch.bfloat16 if PRECISION == "bf16" else torch.float16)
     return contextlib.nullcontext()
+
+
+def make_loss_scaler(device: torch.device) -> Any:
+    """fp16's dynamic loss scaling (LOSS_SCALING: GradScaler's settings); a scaler that does
+    nothing for fp32 and bf16 plans."""
+    return S.LossScaler(LOSS_SCALING is not None, device=device, **(LOSS_SCALING or {}))

@@ -54,14 +54,17 @@ from hapc.codegen.skeleton import (
 # so in float32 errors of a few ulps of the tensor's scale are expected. Under bf16 autocast
 # every product rounds to 8 mantissa bits (2**-9 relative) on both sides and the partial sums
 # of shards round separately, so a few percent of the scale is the bf16 counterpart; a wrong
-# program is off by the scale itself.
+# program is off by the scale itself. fp16 rounds to 11 bits (2**-12 relative, 8x finer than
+# bf16) and, loss-scaled on both sides alike, underflows no more than the reference: a percent.
 VERIFY_RTOL, VERIFY_ATOL = 1e-4, 1e-6
 VERIFY_BF16_RTOL, VERIFY_BF16_ATOL = 5e-2, 1e-4
+VERIFY_FP16_RTOL, VERIFY_FP16_ATOL = 1e-2, 1e-5
 
 
 def verify_tolerance() -> tuple[float, float]:
     """(rtol, atol) for this program's precision."""
-    return (VERIFY_BF16_RTOL, VERIFY_BF16_ATOL) if PRECISION == "bf16" else (VERIFY_RTOL, VERIFY_ATOL)
+    return {"bf16": (VERIFY_BF16_RTOL, VERIFY_BF16_ATOL),
+            "fp16": (VERIFY_FP16_RTOL, VERIFY_FP16_ATOL)}.get(PRECISION, (VERIFY_RTOL, VERIFY_ATOL))
 
 
 @contextlib.contextmanager
@@ -130,16 +133,24 @@ def verify(trainer: Trainer, loss: torch.Tensor, batch: Sequence[torch.Tensor]) 
         replay = R.ReplayDraws(trainer.seed, ran)
         with _program_dropout_masks(trainer.seed, ran, replay), replay, autocast(trainer.device):
             ref_loss = ref(*[x.to(trainer.device) for x in batch])
-        ref_loss.backward()
+        loss_scale = trainer.verdict.scale               # fp16: the loss scale the step used (else 1)
+        (ref_loss * loss_scale if loss_scale != 1.0 else ref_loss).backward()
+        ref_grads = {t: (p.grad if p.grad is not None else torch.zeros_like(p)) / loss_scale
+                     for t, p in ((t, ref.get_parameter(t)) for t in grads)}
         checks = [("loss", loss.reshape(()), ref_loss.detach().reshape(()))]
         for target, g in grads.items():
-            p = ref.get_parameter(target)
-            checks.append((f"gradient of {target}", g, p.grad if p.grad is not None else torch.zeros_like(p)))
+            checks.append((f"gradient of {target}", g, ref_grads[target]))
         worst, failed = 0.0, None
         rtol, atol = verify_tolerance()
-        against = "one device under the same bf16 autocast" if PRECISION == "bf16" else "one device in float32"
+        against = {"bf16": "one device under the same bf16 autocast",
+                   "fp16": f"one device under the same fp16 autocast and loss scale {loss_scale:g}"}.get(
+                       PRECISION, "one device in float32")
         print(f"verify tolerance: {PRECISION} ({against}), "
               f"atol {atol:g} + rtol {rtol:g} x each tensor's largest magnitude", flush=True)
+        if trainer.verdict.skipped:           # the step overflowed: so must the reference
+            checks = checks[:1]
+            if all(torch.isfinite(g).all() for g in ref_grads.values()):
+                failed = "gradients: the program skipped the step (inf/nan), the reference's are finite"
         for what, got, want in checks:
             err = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0
             scale = want.abs().max().item() if want.numel() else 0.0
@@ -216,8 +227,10 @@ def save_checkpoint(directory: str, trainer: Trainer, optimizer: torch.optim.Opt
                     data_position: int) -> Path:
     """Save parameters, buffers, optimizer state, step and data position (every rank calls it)."""
     K = _checkpoints()
+    scaler = trainer.scaler.state_dict() if trainer.scaler.enabled else {"scale": 0.0, "growth_tracker": 0}
     return K.save(directory, checkpoint_tensors(trainer), trainer.module, optimizer, trainer.params,
-                  K.Progress(trainer.steps_done, data_position), model_file=MODEL_FILE,
+                  K.Progress(trainer.steps_done, data_position, scaler["scale"], scaler["growth_tracker"]),
+                  model_file=MODEL_FILE,
                   model_kwargs=trainer.kwargs, world=WORLD)
 
 
@@ -237,6 +250,7 @@ def load_checkpoint(directory: str, trainer: Trainer, optimizer: torch.optim.Opt
     K = _checkpoints()
     progress = K.load(directory, checkpoint_tensors(trainer), trainer.module, optimizer, trainer.params)
     trainer.steps_done = progress.step        # dropout masks and step numbers continue
+    trainer.scaler.load_state_dict({"scale": progress.loss_scale, "growth_tracker": progress.scale_growth_tracker})
     return progress.data_position
 
 
@@ -397,12 +411,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 watchdog.beat(i)
             synchronize()
             start = time.perf_counter()
-            optimizer.step()
+            verdict = trainer.verdict               # fp16: agreed by every rank (hapc_loss_scale.py)
+            if not verdict.skipped:
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             synchronize()
             seconds += time.perf_counter() - start
             times.append(seconds)
             if trainer.rank == 0:
+                if verdict.skipped:
+                    print(verdict.message(i + 1), flush=True)
                 print(f"step {i + 1} loss {loss.item():.6f} time {seconds:.6f}", flush=True)
             if clock is not None:
                 for line in _load("hapc_timings", "hapc_timings.py").report(i + 1, *clock.stop(), device):

@@ -19,7 +19,7 @@ What a checkpoint holds (keys in the DCP state dict):
   calls them), pieces or replicated;
 * ``optim/<attr>/<key>``: the optimizer's per-parameter state (AdamW ``exp_avg``,
   ``exp_avg_sq`` cut like the parameter, ``step`` replicated), ``optim/param_groups``;
-* ``progress``: the training step and the data position, to resume where it stopped.
+* ``progress``: the step, the data position and an fp16 program's loss scale, to resume there.
 
 Beside the DCP files, ``hapc-checkpoint.json`` (written last: its presence marks a complete
 save) names the model, lists every tensor's global shape and dtype, and holds each file's size
@@ -78,9 +78,8 @@ class CheckpointError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Held:
-    """A tensor this rank holds: its local ``tensor``, which is the block of the global tensor
-    (``global_shape``) starting at ``offsets``. A replicated tensor has zero offsets and its
-    own shape as the global one."""
+    """A tensor this rank holds: its local ``tensor``, the block of the global tensor
+    (``global_shape``) at ``offsets``; a replicated one has zero offsets and its own shape."""
 
     tensor: torch.Tensor
     offsets: tuple[int, ...]
@@ -97,10 +96,12 @@ class Held:
 
 @dataclasses.dataclass(frozen=True)
 class Progress:
-    """Where training stands: optimizer steps taken and global batches consumed."""
+    """Where training stands: steps taken, batches consumed, fp16's loss scale state (0.0: none)."""
 
     step: int
     data_position: int
+    loss_scale: float = 0.0
+    scale_growth_tracker: int = 0
 
 
 # ---- DCP planners for uneven pieces ----------------------------------------------------------
@@ -416,8 +417,9 @@ def load(path: str | os.PathLike, held: Mapping[str, Held], module: torch.nn.Mod
             if key in held:
                 held[key].tensor.copy_(state[f"{MODEL}{key}"])
     optimizer.load_state_dict(optimizer_state)
-    progress = state[PROGRESS]
-    return Progress(int(progress["step"]), int(progress["data_position"]))
+    p = state[PROGRESS]
+    return Progress(int(p["step"]), int(p["data_position"]), float(p.get("loss_scale", 0.0)),
+                    int(p.get("scale_growth_tracker", 0)))
 
 
 def _optimizer_slots(saved: Mapping[str, Any], tensors: Mapping[str, Held], where: Path) -> dict[str, Any]:
@@ -562,8 +564,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 # ---- helpers ---------------------------------------------------------------------------------

@@ -39,7 +39,10 @@ and at the end every rank divides its gradients, and the step's loss, by the who
 (sent from the last stage with the loss); a micro-batch with nothing to count adds nothing.
 Gradients accumulate over micro-batches; each group then all-reduces its replicated
 parameters' gradients once, and parameters that several stages read (a head tied to the
-embedding) have their gradients summed across those stages' first ranks.
+embedding) have their gradients summed across those stages' first ranks. Under fp16 the last
+stage back-propagates the loss times the loss scale (the cut gradients carry it), and once
+everything is summed every rank unscales and the found-inf verdict is agreed over the whole
+world (``hapc_loss_scale.py``), so no stage steps while another skips.
 
 This module depends on torch only: code generation copies it beside emitted programs.
 """
@@ -120,6 +123,9 @@ class PipelineTrainer:
         self.params: dict[str, torch.Tensor] = {}
         self.sources: dict[str, torch.Tensor] = {}
         self._sends: list[tuple[list[Any], list[torch.Tensor]]] = []
+        # fp16: the loss scale and its skip decision are the whole world's, idle ranks included.
+        self.scaler = P.make_loss_scaler(self.device)
+        self.verdict = self.scaler.before_first_step()
         if self.stage_index is None:            # a device the plan leaves idle
             self.rt = types.SimpleNamespace(ran=[], tied=[])
             return
@@ -174,8 +180,9 @@ class PipelineTrainer:
         dist.broadcast(total, src=self.roots[-1])     # from the last stage to every rank
         if P.LOSS_COUNT:
             self._divide_gradients(total[1])
-            return (total[0] / total[1]).float()
-        return total[0].float()
+        # Unscale the synced gradients; every rank of every stage skips or steps together.
+        self.verdict = self.scaler.finish(list(self.params.values()))
+        return (total[0] / total[1]).float() if P.LOSS_COUNT else total[0].float()
 
     def _divide_gradients(self, count: torch.Tensor) -> None:
         """A LOSS_COUNT loss: every gradient so far is the sum over counted targets; the model's
@@ -255,7 +262,8 @@ class PipelineTrainer:
                 loss_value = loss_value * 0           # a replicated loss is counted once
             if loss.requires_grad and (mb.count is None or mb.count > 0):
                 # A Partial loss: every rank back-propagates its piece; a replicated one, rank 0's.
-                (loss * weight if st["loss_partial"] or self.comm.rank == 0 else loss * 0).backward()
+                scaled = self.scaler.scale_loss(loss * weight)      # fp16's loss scale (else 1)
+                (scaled if st["loss_partial"] or self.comm.rank == 0 else loss * 0).backward()
         else:
             grads = self._receive_gradients()
             pairs = [(t, g) for t, g in zip(mb.outputs, grads) if t is not None]
