@@ -105,13 +105,14 @@ def _micro_batch_rows(plan: Plan) -> int:
 
 def _traced_micro_batch(plan: Plan, rows: int) -> MicroTrace:
     from hapc.ir.precision import autocast_graph
+    from hapc.codegen.launch import run_device
     from hapc.frontend.modelfile import load_model_file
     from synth.stagespace import batch_size
 
     batch = batch_size(plan.graph)
     mf = load_model_file(plan.model["file"], plan.model.get("kwargs") or {})
     inputs = tuple(x.narrow(0, 0, rows) if x.dim() and x.shape[0] == batch else x for x in mf.build_inputs())
-    traced = _trace(mf, inputs)
+    traced = _trace(mf, inputs, run_device(plan.cluster))
     graph = autocast_graph(traced.graph, plan.precision.name)
     _check_same_structure(plan.graph, graph, batch, rows)
     split = loss_split_of(graph, plan.pipeline.microbatches)
@@ -152,17 +153,13 @@ def _graph_from_record(whole: Graph, record: dict[str, Any]) -> Graph:
                  dict(whole.unsupported), facts)
 
 
-def _trace(mf: Any, inputs: tuple):
-    """Trace on the meta device, with real tensors when that leaves constants without data."""
+def _trace(mf: Any, inputs: tuple, device: str):
+    """Trace for ``device`` as the whole batch was (:func:`hapc.frontend.modelfile.trace_for_device`),
+    on ``inputs`` (a micro-batch) instead of the model file's own."""
+    from hapc.frontend.modelfile import trace_for_device
     from hapc.frontend.tracer import trace
 
-    try:
-        traced = trace(mf.build_model(device="meta"), tuple(t.to("meta") for t in inputs))
-        if not traced.dataless_constants():
-            return traced
-    except UserError:
-        pass
-    return trace(mf.build_model(), inputs)
+    return trace_for_device(mf, trace, device, inputs=inputs)
 
 
 def _check_same_structure(whole: Graph, micro: Graph, batch: int, rows: int) -> None:
@@ -327,7 +324,7 @@ def render_pipeline(plan: Plan, graph: Graph, model_name: str, reduction: str | 
                 holders.setdefault(name, []).append(k)
     body = "\n".join([
         _globals(plan, graph, model_name, pipe, holders, reduction, count, constants_sha256),
-        emitter._precision_tables(plan.precision),
+        emitter._precision_tables(plan.precision, plan.cluster),
         "",
         "# One table per stage: its group's global ranks, its SPMD tables at micro-batch shapes",
         "# (SHARDS, LOCAL_CALLS, GRAD_SYNC_ORDER as in a one-stage program), the sources it holds,",
