@@ -195,7 +195,7 @@ def wrap(owner, name):
     setattr(owner, name, stamped)
 for owner, names in [(hapc.cli.compile, ["_import_planning", "_lp_backend", "_write_replan_cache"]),
                      (hapc.frontend.from_file, ["trace_file"]),
-                     (hapc.frontend.torchimport, ["import_for_tracing"]), (hapc.frontend.modelfile, ["trace_meta_first"]),
+                     (hapc.frontend.torchimport, ["import_for_tracing"]), (hapc.frontend.modelfile, ["trace_for_device"]),
                      (hapc.frontend.cache.child.TraceChild, ["_trace_job", "_store_job", "traced", "path"])]:
     for name in names:
         wrap(owner, name)

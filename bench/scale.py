@@ -123,13 +123,14 @@ def compile_phases(cluster: str) -> dict[str, float]:
     from costmodel.cluster import load_cluster
     from hapc.api import synthesize
     from synth.lp_highspy import preferred_backend
-    from hapc.frontend.modelfile import load_model_file, trace_meta_first
+    from hapc.frontend.modelfile import load_model_file, trace_for_device
     from hapc.report.summary import write_report
     from hapc.frontend.tracer import trace
     mark()
     model = str(model_path("gpt"))
     mf = load_model_file(model, {"batch": BATCH})
-    traced = trace_meta_first(mf, trace)
+    from hapc.codegen.launch import run_device
+    traced = trace_for_device(mf, trace, run_device(load_cluster(cluster)))
     mark()
     plan = synthesize(traced, None, load_cluster(cluster), model_file=model, model_kwargs={"batch": BATCH},
                       backend=preferred_backend())

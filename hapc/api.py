@@ -79,7 +79,7 @@ def synthesize(model: torch.nn.Module | Traced | ModelFileTrace | str | os.PathL
 
     if isinstance(model, (str, os.PathLike)):
         model_file = model_file or str(Path(model).resolve())
-        with _trace_file(model, model_kwargs or {}, trace_cache, progress) as from_file:
+        with _trace_file(model, model_kwargs or {}, cluster, trace_cache, progress) as from_file:
             return synthesize(from_file, inputs, cluster, time_budget=time_budget, optimizer=optimizer,
                               backend=backend, model_file=model_file, model_kwargs=model_kwargs,
                               progress=progress, precision=precision, stages=stages,
@@ -133,17 +133,20 @@ def _synthesize(traced: Traced, cluster: str | Mapping[str, Any] | Cluster, from
                 baseline_shortfall=shortfall)
 
 
-def _trace_file(path: str | os.PathLike, kwargs: Mapping[str, Any], use_cache: bool,
-                progress: Callable[[str], None] | None) -> ModelFileTrace:
-    """A model file's trace for a library caller (:mod:`hapc.frontend.from_file`), through the
+def _trace_file(path: str | os.PathLike, kwargs: Mapping[str, Any], cluster: str | Mapping[str, Any] | Cluster,
+                use_cache: bool, progress: Callable[[str], None] | None) -> ModelFileTrace:
+    """A model file's trace for a library caller (:mod:`hapc.frontend.from_file`), made for the
+    device type ``cluster``'s program runs on (as ``hapc compile`` makes it), through the
     trace cache unless ``use_cache`` is false; cache notes go to ``progress`` (else stderr)."""
+    from hapc.codegen.launch import run_device
     from hapc.frontend.cache.store import TraceCache
     from hapc.frontend.from_file import trace_file
 
     def note(msg: str) -> None:
         (progress or (lambda m: print(f"hapc: note: {m}", file=sys.stderr)))(msg)
 
-    return trace_file(path, kwargs, cache=TraceCache(note=note) if use_cache else None)
+    return trace_file(path, kwargs, cache=TraceCache(note=note) if use_cache else None,
+                      device=run_device(load_cluster(cluster)))
 
 
 def _check_stage_options(traced: Traced, stages: int | str, microbatches: int | None,
@@ -219,7 +222,7 @@ def baseline(model: torch.nn.Module | Traced | str | os.PathLike, inputs: Sequen
     _precision(precision, None)              # a bad name fails before any tracing
     if isinstance(model, (str, os.PathLike)):
         model_file = model_file or str(Path(model).resolve())
-        with _trace_file(model, model_kwargs or {}, trace_cache, None) as from_file:
+        with _trace_file(model, model_kwargs or {}, cluster, trace_cache, None) as from_file:
             traced = from_file.traced
     else:
         traced = _traced(model, inputs)

@@ -82,25 +82,23 @@ def run(args: argparse.Namespace) -> int:
     check_precision(args.precision)
     _stages(args.stages)              # a bad --stages fails before any tracing
     overrides = parse_overrides(args.set)
-    loaded = []
+    from costmodel.cluster import load_cluster
+    from hapc.codegen.launch import run_device
+
+    cluster = load_cluster(args.cluster)      # bad cluster files fail before any tracing; its
+    device = run_device(cluster)              # device type is the one the model is traced for
     traced_precision = args.precision
     if args.precision in ("fp16", "auto"):
-        # Which precision (and whether fp16 suits the devices) depends on the cluster: read it
-        # first, so that the trace child derives the strategies of the precision planned.
-        from costmodel.cluster import load_cluster
+        # Which precision (and whether fp16 suits the devices) depends on the cluster: the trace
+        # child derives the strategies of the precision planned.
         from costmodel.precision_choice import resolve_precision
 
-        loaded.append(load_cluster(args.cluster))
-        traced_precision, why = resolve_precision(args.precision, loaded[0])
+        traced_precision, why = resolve_precision(args.precision, cluster)
         if why:
             say(f"--precision auto: {traced_precision} ({why})")
 
     def meanwhile() -> None:          # while a child traces; else before the trace
-        from costmodel.cluster import load_cluster
-
-        if not loaded:
-            loaded.append(load_cluster(args.cluster))     # bad cluster files fail before any tracing
-        print_notes(loaded[0].notes, args)
+        print_notes(cluster.notes, args)
         _import_planning(emit=not args.no_emit)
 
     def note(msg: str) -> None:          # why the cache was not used or written: not an error
@@ -109,10 +107,10 @@ def run(args: argparse.Namespace) -> int:
 
     cache = None if args.no_trace_cache else TraceCache(note=note)
     with transient(f"tracing {args.model}", quiet=args.quiet):
-        from_file = trace_file(args.model, overrides, cache=cache, command_line=True, precision=traced_precision,
-                               meanwhile=meanwhile)
+        from_file = trace_file(args.model, overrides, cache=cache, device=device, command_line=True,
+                               precision=traced_precision, meanwhile=meanwhile)
     with from_file:                      # a child writing the cache entry never outlives the command
-        return _plan_and_write(args, from_file, loaded[0], overrides, say, started)
+        return _plan_and_write(args, from_file, cluster, overrides, say, started)
 
 
 def _plan_and_write(args: argparse.Namespace, from_file, cluster, overrides: dict, say, started: float) -> int:

@@ -76,7 +76,7 @@ def _profile_model_ops(args: argparse.Namespace) -> int:
 
     from costmodel.cluster_file import read_cluster_file
     from costmodel.optable import measured_share, table_path
-    from hapc.frontend.modelfile import load_model_file, parse_overrides, trace_meta_first
+    from hapc.frontend.modelfile import load_model_file, parse_overrides, trace_for_device
     from hapc.frontend.tracer import trace
     from hapc.ir.precision import autocast_graph
     from profiler.ops import profile_ops
@@ -91,7 +91,7 @@ def _profile_model_ops(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)     # as the profiled ranks (and emitted programs) run
     mf = load_model_file(args.model, parse_overrides(args.set))
     say(f"tracing {args.model}")
-    graph = autocast_graph(trace_meta_first(mf, trace).graph, args.precision)
+    graph = autocast_graph(trace_for_device(mf, trace, device_type).graph, args.precision)
     failed: list[str] = []
     table = profile_ops(graph, args.output, cluster.devices[0].type, device,
                         autocast={"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision),

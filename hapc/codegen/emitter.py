@@ -125,7 +125,7 @@ def render(program: DistProgram, model_name: str, *, model_kwargs: dict, optimiz
     blocks = find_blocks(program)       # repeated layers: written once, called per layer
     body = _tables(program, names, model_name, model_kwargs, optimizer, seed, cluster, blocks,
                    constants_sha256) + "\n" + \
-        _precision_tables(precision) + "\n\n\n" + \
+        _precision_tables(precision, cluster) + "\n\n\n" + \
         _forward(program, names, cluster, blocks)
     return _docstring(program, model_name, plan_summary) + head.rstrip("\n") + "\n\n" + BEGIN + "\n" + body + \
         "\n" + END + tail
@@ -254,12 +254,21 @@ def constants_hash_line(sha256: str | None) -> str:
     return f"CONSTANTS_SHA256 = {sha256!r}   # of constants.pt, checked before it is read (None: no file)"
 
 
-def _precision_tables(precision: Any) -> str:
-    """PRECISION and ALLOW_TF32 (see hapc.ir.precision); gradients stay in float32."""
+def _precision_tables(precision: Any, cluster: Any = None) -> str:
+    """PRECISION and ALLOW_TF32 (see hapc.ir.precision; gradients stay in float32), and
+    TRACED_FOR: the device type the model was traced for (the cluster's,
+    :mod:`hapc.frontend.ondevice`), which the program names when it runs on another."""
+    from hapc.codegen.launch import run_device
     from hapc.ir.precision import Precision
 
     p = precision if precision is not None else Precision()
+    traced_for = run_device(cluster) if cluster is not None else "cpu"
     return "\n".join([
+        "",
+        "# The device type the model was traced for: model code that branches on the device took",
+        "# its branch for this type, which a run with another --device keeps (it then may differ",
+        "# from the model run there, which --verify compares with).",
+        f"TRACED_FOR = {traced_for!r}",
         "",
         "# Numerics the plan was priced for: bf16 and fp16 run the forward under torch.autocast with",
         "# float32 master weights and optimizer state; ALLOW_TF32 (the cluster file's allow_tf32) lets",

@@ -79,6 +79,7 @@ SHARDS: dict[str, tuple[int, tuple[int, ...]]] = {}
 LOCAL_CALLS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]] = {}
 GRAD_SYNC_ORDER: tuple[str, ...] = ()
 NODE_SIZES: tuple[int, ...] = (1,)
+TRACED_FOR = "cpu"
 PRECISION = "fp32"
 ALLOW_TF32 = False
 LOSS_SCALING: dict[str, float] | None = None

@@ -35,6 +35,7 @@ from hapc.codegen.skeleton import (
     NODE_SIZES,
     PARAMS,
     PRECISION,
+    TRACED_FOR,
     WORLD,
     R,
     Trainer,
@@ -372,6 +373,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if dist.get_rank() == 0:
         print(f"timeout {args.timeout:g} s: a rank that waits longer for a peer ends the job (--timeout)",
               flush=True)
+        if device.type != TRACED_FOR:
+            print(f"note: this plan's model was traced for {TRACED_FOR}, and runs on {device.type}: model code "
+                  f"that branches on the device keeps its {TRACED_FOR} branch here (--verify compares with "
+                  f"the model on {device.type})", flush=True)
 
     def synchronize() -> None:
         if device.type == "cuda":

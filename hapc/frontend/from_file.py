@@ -2,7 +2,8 @@
 ``synthesize("model.py")`` share.
 
 A model file (design.md section 3) is loaded, built on the meta device and traced
-(:func:`hapc.frontend.modelfile.load_and_trace`), through the trace cache when one is given
+(:func:`hapc.frontend.modelfile.load_and_trace`) for the cluster's device type, through the
+trace cache when one is given
 (:mod:`hapc.frontend.cache.cached_trace`). What comes back is a :class:`ModelFileTrace`: the
 graph, plus what the plan must hand back to the cache afterwards (each node's strategies, so
 that the next hit searches without the sharding rules) and what must end with the caller (a
@@ -63,10 +64,12 @@ class ModelFileTrace:
 
 
 def trace_file(path: str | os.PathLike, overrides: Mapping[str, Any], *, cache: TraceCache | None,
-               command_line: bool = False, precision: str | None = None,
+               device: str = "cpu", command_line: bool = False, precision: str | None = None,
                meanwhile: Callable[[], None] = lambda: None) -> ModelFileTrace:
-    """The graph of the model file at ``path`` with ``overrides`` (from ``cache`` when it holds a
-    sound entry, else traced and stored there).
+    """The graph of the model file at ``path`` with ``overrides``, traced for ``device`` (the
+    cluster's device type, :func:`hapc.codegen.launch.run_device`; see
+    :mod:`hapc.frontend.ondevice`), from ``cache`` when it holds a sound entry, else traced and
+    stored there.
 
     With ``command_line`` the process is one that compiles and ends: torch is imported with the
     collector paused and then frozen (:mod:`hapc.frontend.torchimport`), the trace may run in a
@@ -77,7 +80,7 @@ def trace_file(path: str | os.PathLike, overrides: Mapping[str, Any], *, cache: 
 
     overrides = dict(overrides)
     traced, entry = trace_model_file(
-        path, overrides, lambda: load_and_trace(str(path), overrides, quiet_imports=command_line),
-        cache=cache, beside=command_line, child_precision=precision if command_line else None,
+        path, overrides, lambda: load_and_trace(str(path), overrides, device=device, quiet_imports=command_line),
+        cache=cache, device=device, beside=command_line, child_precision=precision if command_line else None,
         meanwhile=meanwhile)
     return ModelFileTrace(traced, entry, cache)

@@ -107,26 +107,54 @@ def load_model_file(path: str, overrides: dict[str, Any] | None = None) -> Model
     return mf
 
 
-def trace_meta_first(mf: ModelFile, trace: Callable[..., Traced]) -> Traced:
-    """Trace on the meta device (no weights, fast) and fall back to real tensors if the model
-    cannot be built or traced there."""
+def trace_for_device(mf: ModelFile, trace: Callable[..., Traced], device: str = "cpu", *,
+                     inputs: tuple[torch.Tensor, ...] | None = None) -> Traced:
+    """Trace for ``device`` (``cpu`` or ``cuda``: the cluster's, see :mod:`hapc.frontend.ondevice`)
+    without weights: the model built on the meta device, its tensors faked on ``device``. Falls
+    back to real tensors on the CPU where the model cannot be built or traced without data.
+
+    For ``cuda`` where this torch has no CUDA, fakes work only as far as no real CUDA tensor is
+    needed (slicing a tensor is enough to need one): the trace then falls back to the meta
+    device, as before device-faithful tracing, with a warning that names the line; if that
+    fails too, the one-line error says why the ``cuda`` trace could not be made.
+    ``inputs`` replaces the file's own (a pipeline's micro-batch)."""
+    from hapc.frontend.ondevice import cuda_missing, on_device
+
+    def example() -> tuple[torch.Tensor, ...]:
+        return inputs if inputs is not None else mf.build_inputs()
+
     try:
-        model = mf.build_model(device="meta")
-        inputs = tuple(t.to("meta") for t in mf.build_inputs())
-        traced = trace(model, inputs)
+        fake = on_device(mf.build_model(device="meta"), example(), device)
+        traced = trace(fake.model, fake.inputs, trainable=fake.trainable)
         if not traced.dataless_constants():
             return traced
-    except UserError:
-        pass
-    # Real tensors: also when the meta trace lifted tensors it made in forward (a list index,
+    except UserError as exc:
+        refusal = cuda_missing(str(exc), device)
+        if refusal is not None:
+            return _meta_instead(mf, trace, example(), refusal, exc)
+    # Real tensors: also when the trace lifted tensors it made in forward (a list index,
     # torch.tensor(...)) without their data; a trace on CPU gives graph and data together.
-    model = mf.build_model()
-    return trace(model, mf.build_inputs())
+    return trace(mf.build_model(), example())
 
 
-def load_and_trace(path: str, overrides: dict[str, Any], *, quiet_imports: bool = True) -> Traced:
-    """The model file at ``path`` loaded and traced with :func:`trace_meta_first`. With
-    ``quiet_imports`` (a process that compiles and ends), torch is imported first with the
+def _meta_instead(mf: ModelFile, trace: Callable[..., Traced], inputs: tuple, refusal: str,
+                  cause: UserError) -> Traced:
+    """The trace on the meta device, for a ``cuda`` cluster that this process cannot trace for
+    (``refusal`` says why), with a warning; ``refusal`` as the error when meta fails too."""
+    try:
+        traced = trace(mf.build_model(device="meta"), tuple(t.to("meta") for t in inputs))
+    except UserError:
+        raise UserError(refusal, where=mf.path) from cause
+    print(f"hapc: warning: {mf.path}: traced on the meta device instead: {refusal.split(' (', 1)[0]} "
+          f"({str(cause).removeprefix('torch.export could not trace the model: ')}); where the model branches "
+          "on the device, the plan may hold another branch than a GPU takes", file=sys.stderr)
+    return traced
+
+
+def load_and_trace(path: str, overrides: dict[str, Any], *, device: str = "cpu",
+                   quiet_imports: bool = True) -> Traced:
+    """The model file at ``path`` loaded and traced for ``device`` with :func:`trace_for_device`.
+    With ``quiet_imports`` (a process that compiles and ends), torch is imported first with the
     collector paused (:mod:`hapc.frontend.torchimport`; the model file would import it anyway)."""
     if quiet_imports and os.path.isfile(path):        # else the loader says what is wrong, at once
         from hapc.frontend.torchimport import import_for_tracing
@@ -135,7 +163,7 @@ def load_and_trace(path: str, overrides: dict[str, Any], *, quiet_imports: bool 
     mf = load_model_file(path, overrides)
     from hapc.frontend.tracer import trace
 
-    return trace_meta_first(mf, trace)
+    return trace_for_device(mf, trace, device)
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

@@ -10,12 +10,13 @@ and bytes moved per node, which values need gradients, and the ops that have no 
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,6 +27,7 @@ from hapc.frontend.blocktrace import trace_repeated
 from hapc.frontend.canonical import canonicalize
 from hapc.errors import UserError
 from hapc.frontend.functionalize import functionalize
+from hapc.frontend.ondevice import is_fake
 from hapc.frontend.quiet import quiet_torch
 from hapc.frontend.torchfacts import record as record_torch_facts
 from hapc.ir.graph import Cost, Graph, Node, Ref, SourceLoc, TensorMeta, Value
@@ -67,10 +69,10 @@ class Traced:
     seconds: float = 0.0
 
     def dataless_constants(self) -> list[str]:
-        """Constants the graph reads that were traced on the meta device and so carry no data
-        (Falcon's ``x[..., [-2], :]`` index list): a program must re-derive them."""
+        """Constants the graph reads that were traced on the meta device (or as fakes) and so
+        carry no data (Falcon's ``x[..., [-2], :]`` index list): a program must re-derive them."""
         return sorted(v.target for v in self.graph.values.values()
-                      if v.kind == "constant" and v.target in self.constants and self.constants[v.target].is_meta)
+                      if v.kind == "constant" and v.target in self.constants and is_fake(self.constants[v.target]))
 
     def tensor(self, name: str) -> torch.Tensor:
         """The real tensor behind a parameter, buffer or lifted constant."""
@@ -84,7 +86,8 @@ class Traced:
         raise KeyError(f"{name} is a {v.kind}, not a stored tensor")
 
 
-def trace(model: torch.nn.Module, inputs: Sequence[Any], *, has_rule=None, replicate_blocks: bool = True) -> Traced:
+def trace(model: torch.nn.Module, inputs: Sequence[Any], *, has_rule=None, replicate_blocks: bool = True,
+          trainable: Mapping[str, bool] | None = None) -> Traced:
     """Trace ``model(*inputs)`` (which must return a scalar loss) into the IR.
 
     ``replicate_blocks=False`` traces every layer even when :mod:`hapc.frontend.blocktrace` could
@@ -92,6 +95,10 @@ def trace(model: torch.nn.Module, inputs: Sequence[Any], *, has_rule=None, repli
 
     ``has_rule(op) -> bool`` tells which ops have a sharding rule; ops without one are
     recorded in ``graph.unsupported`` with their source lines (they still run, replicated).
+
+    ``trainable`` (parameter name -> whether it trains) overrides what the traced parameters'
+    ``requires_grad`` says: fakes on a CUDA device without CUDA cannot carry it
+    (:mod:`hapc.frontend.ondevice`).
     """
     if has_rule is None:
         from hapc.rules import has_rule
@@ -109,19 +116,29 @@ def trace(model: torch.nn.Module, inputs: Sequence[Any], *, has_rule=None, repli
         has_rule("aten.mm.default")
 
     # Repeated blocks are traced once and replicated (hapc.frontend.blocktrace); the same IR, faster.
-    repeated = trace_repeated(model, inputs, _export, _lift, meanwhile) if replicate_blocks else None
+    lift = functools.partial(_lift, trainable=trainable)
+    repeated = trace_repeated(model, inputs, _export, lift, meanwhile) if replicate_blocks else None
     if repeated is not None:
         lifted, exported_constants = repeated
     else:
         ep = _export(model, inputs)
-        lifted, exported_constants = _lift(ep), ep.constants
+        lifted, exported_constants = lift(ep), ep.constants
     graph = canonicalize(functionalize(lifted))
     _mark_requires_grad(graph)
     _annotate_costs(graph, costs)
     graph.unsupported = _unsupported(graph, has_rule)
     graph.torch_facts = record_torch_facts(graph)     # so that emitting a program needs no torch
-    constants = {k: v for k, v in exported_constants.items() if isinstance(v, torch.Tensor)}
+    constants = {k: _stored(v) for k, v in exported_constants.items() if isinstance(v, torch.Tensor)}
     return Traced(graph, model, constants, time.perf_counter() - start)
+
+
+def _stored(constant: torch.Tensor) -> torch.Tensor:
+    """A lifted constant as the plan keeps it: a fake one (traced on a device without data) as a
+    meta tensor, which every later stage knows as dataless; one with data on the CPU (a program
+    traced for a GPU may run on CPUs, and loads it to its own device)."""
+    if is_fake(constant):
+        return torch.empty_strided(constant.shape, constant.stride(), dtype=constant.dtype, device="meta")
+    return constant.detach().cpu()
 
 
 def _export(model: torch.nn.Module, inputs: tuple) -> torch.export.ExportedProgram:
@@ -169,7 +186,7 @@ def _meta_of(val: Any) -> TensorMeta | None:
     return None
 
 
-def _lift(ep: torch.export.ExportedProgram) -> Graph:
+def _lift(ep: torch.export.ExportedProgram, trainable: Mapping[str, bool] | None = None) -> Graph:
     sig = ep.graph_signature
     kinds: dict[str, tuple[str, str | None]] = {}
     for spec in sig.input_specs:
@@ -197,7 +214,11 @@ def _lift(ep: torch.export.ExportedProgram) -> Graph:
             return type(a)(lift_arg(x, prefix) for x in a)
         if isinstance(a, torch.dtype):
             return str(a).removeprefix("torch.")
-        if isinstance(a, (torch.device, torch.layout, torch.memory_format)):
+        if isinstance(a, torch.device):
+            # Whatever device the trace was made for: the program passes its own (the emitter
+            # writes rt.device), so one graph (and its hash) serves every --device.
+            return "meta"
+        if isinstance(a, (torch.layout, torch.memory_format)):
             return str(a)
         return a
 
@@ -247,8 +268,9 @@ def _lift(ep: torch.export.ExportedProgram) -> Graph:
                     continue
                 kind, target = kinds.get(fx.name, ("input", None))
                 # A frozen parameter (``requires_grad=False``) is data: no gradient, no sync.
-                trainable = kind == "param" and bool(getattr(fx.meta.get("val"), "requires_grad", True))
-                values[fx.name] = Value(fx.name, meta, kind, target, requires_grad=trainable)
+                trains = kind == "param" and (bool(getattr(fx.meta.get("val"), "requires_grad", True))
+                                              if trainable is None else trainable.get(target, True))
+                values[fx.name] = Value(fx.name, meta, kind, target, requires_grad=trains)
                 {"param": params, "buffer": buffers, "input": inputs}.get(kind, []).append(fx.name)
                 alias[fx.name] = Ref(fx.name)
             elif fx.op == "call_function" and fx.target is operator.getitem:

@@ -11,7 +11,8 @@ from costmodel.cluster import load_cluster
 from costmodel.groups import sub_cluster
 from costmodel.simulator import simulate
 from hapc.ir.precision import Precision
-from hapc.frontend.modelfile import load_model_file, trace_meta_first
+from hapc.codegen.launch import run_device
+from hapc.frontend.modelfile import load_model_file, trace_for_device
 from hapc.plan.plan import Plan
 from hapc.frontend.tracer import trace
 from synth.baselines import baseline_program
@@ -28,7 +29,8 @@ def forced_pipeline(model_file: str | Path, overrides: dict, cluster_file: str |
     planner's (``"search"``: A* + share LP on the group) or a baseline's (``"dp-flops"``: data
     parallel with FLOP-proportional, so uneven, shares; fast)."""
     if traced is None:
-        traced = trace_meta_first(load_model_file(str(model_file), overrides), trace)   # as hapc compile does
+        cl = load_cluster(str(cluster_file))          # traced for its device type, as hapc compile does
+        traced = trace_for_device(load_model_file(str(model_file), overrides), trace, run_device(cl))
     graph, cluster = traced.graph, load_cluster(str(cluster_file))
     planner = StagePlanner(graph, cluster)
     inner = planner.cuts[1:-1]

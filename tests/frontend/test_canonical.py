@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hapc.codegen.pipeline_emit import _check_same_structure
+from hapc.codegen.micro_graph import _check_same_structure
 from hapc.errors import UserError
 from hapc.frontend.canonical import canonicalize
 from hapc.ir.graph import Graph, Node, Ref, SourceLoc, TensorMeta, Value

@@ -67,10 +67,12 @@ class StoreBeside:
 
 
 def trace_model_file(path: str | os.PathLike, overrides: Mapping[str, Any], trace: Callable[[], Any], *,
-                     cache: TraceCache | None, beside: bool = False, child_precision: str | None = None,
+                     cache: TraceCache | None, device: str = "cpu", beside: bool = False,
+                     child_precision: str | None = None,
                      meanwhile: Callable[[], None] = lambda: None,
                      ) -> tuple[Any, Path | StoreBeside | TraceChild | None]:
-    """The graph of model file ``path`` with ``overrides``: from ``cache`` when it holds a sound
+    """The graph of model file ``path`` with ``overrides``, traced for ``device`` (part of the
+    cache key; ``trace()`` must trace for it): from ``cache`` when it holds a sound
     entry (a :class:`hapc.frontend.cache.store.CachedTrace`), else ``trace()`` (which loads the file,
     builds the model and traces it, returning a :class:`hapc.frontend.tracer.Traced`) while recording
     the files it reads, and then stored. Returns the traced model and its entry (None when not cached); with
@@ -85,7 +87,7 @@ def trace_model_file(path: str | os.PathLike, overrides: Mapping[str, Any], trac
 
     ``meanwhile()``, work that needs no graph, runs after the lookup and before any tracing:
     here while the child traces, else before ``trace()``."""
-    key = TraceKey.for_model_file(path, overrides) if cache is not None else None
+    key = TraceKey.for_model_file(path, overrides, device=device) if cache is not None else None
     hit = cache.lookup(key) if cache is not None and key is not None else None
     if hit is not None:
         meanwhile()

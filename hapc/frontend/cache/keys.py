@@ -1,7 +1,8 @@
 """The key of a trace cache entry: everything a lookup can know before tracing.
 
 The entry's file name is the key's hash, over the model file's bytes and resolved path, the
-``--set`` overrides with their types, the trace mode (block tracing on or off), the torch
+``--set`` overrides with their types, the trace mode (block tracing on or off) and device (the
+cluster's device type: model code may branch on it, :mod:`hapc.frontend.ondevice`), the torch
 version and location (its ``version.py``, found with ``find_spec``: importing torch would take
 seconds), Python's version, ``sys.path`` (made absolute, without repeats and without
 directories that hold no module: it decides which module an ``import`` finds), the
@@ -65,9 +66,9 @@ class TraceKey:
 
     @staticmethod
     def for_model_file(path: str | os.PathLike, overrides: Mapping[str, Any], *,
-                       replicate_blocks: bool = True) -> TraceKey | None:
-        """The key of tracing ``path`` with ``overrides``; None when the file cannot be read
-        (the model-file loader then reports it)."""
+                       replicate_blocks: bool = True, device: str = "cpu") -> TraceKey | None:
+        """The key of tracing ``path`` with ``overrides`` for ``device``; None when the file
+        cannot be read (the model-file loader then reports it)."""
         resolved = Path(path).resolve()
         try:
             data = resolved.read_bytes()
@@ -78,7 +79,8 @@ class TraceKey:
             "model_file": str(resolved),
             "model_sha256": hashlib.sha256(data).hexdigest(),
             "overrides": sorted([k, type(v).__name__, repr(v)] for k, v in overrides.items()),
-            "trace": {"replicate_blocks": bool(replicate_blocks), "device": "meta, else real tensors"},
+            "trace": {"replicate_blocks": bool(replicate_blocks), "device": device,
+                      "tensors": "meta-built fakes, else real on cpu"},
             "torch": [torch_version(), _torch_location()],
             "python": sys.version,
             "sys_path": _import_path(),
