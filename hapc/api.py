@@ -96,7 +96,7 @@ def _synthesize(traced: Traced, cluster: str | Mapping[str, Any] | Cluster, from
                 model_kwargs: Mapping[str, Any] | None, progress: Callable[[str], None] | None,
                 precision: str, stages: int | str | None, microbatches: int | None,
                 schedule: str | None) -> Plan:
-    from synth.synthesize import synthesize_program
+    from synth.synthesize import raise_memory, synthesize_program
 
     cl = load_cluster(cluster)
     numerics = _precision(precision, cl)
@@ -107,8 +107,10 @@ def _synthesize(traced: Traced, cluster: str | Mapping[str, Any] | Cluster, from
         traced.install_strategies(graph, numerics.name)    # the search then needs no sharding rules
     planner = _stage_planner(graph, cl, optimizer, progress) if stages is not None and stages != 1 else None
     try:
+        # With stages to try, a one-stage program that does not fit is no error yet: pipelines
+        # hold a share of the layers per device and may fit where one stage does not.
         result = synthesize_program(graph, cl, time_budget=time_budget, optimizer=optimizer,
-                                    backend=backend, progress=progress)
+                                    backend=backend, progress=progress, require_fit=planner is None)
     except BaseException:
         if planner is not None:
             planner.close()                  # stops the child start_groups began
@@ -123,9 +125,12 @@ def _synthesize(traced: Traced, cluster: str | Mapping[str, Any] | Cluster, from
     shortfall = {k: max(c.sim.memory.missing_bytes()) for k, c in result.baselines.items() if not c.fits}
     pipeline = None
     if stages is not None and stages != 1:
-        pipeline = _pipeline(planner, stages, microbatches, schedule, baselines, best.seconds)
-        if pipeline is not None and stages == "auto" and pipeline.iteration_seconds >= best.seconds:
+        one_stage = best.seconds if best.fits else float("inf")
+        pipeline = _pipeline(planner, stages, microbatches, schedule, baselines, one_stage)
+        if pipeline is not None and stages == "auto" and pipeline.iteration_seconds >= one_stage:
             pipeline = None        # one stage over all devices is still the fastest
+    if not best.fits and pipeline is None:
+        raise_memory(best, cl, optimizer, backend)
     if from_file is not None and pipeline is None:
         from_file.keep_strategies(graph, numerics.name)      # the next hit searches without the rules
     return Plan(best.program, cl, best.sim, "hapc" if pipeline is not None else best.name, baselines, search,

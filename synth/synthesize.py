@@ -68,17 +68,21 @@ class Synthesis:
 def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | None = None,
                        optimizer: str | int = "adamw", max_rounds: int = 6, backend: str = "highs",
                        overlaps: Sequence[float] = (0.0, 0.75), baselines: Sequence[str] = BASELINES,
-                       progress: Progress | None = None) -> Synthesis:
+                       progress: Progress | None = None, require_fit: bool = True) -> Synthesis:
+    """The best one-stage program; when none fits in memory, :class:`MemoryInfeasible` (naming what
+    is missing where), or with ``require_fit=False`` the fastest of them (for a caller that tries
+    pipeline stages next and calls :func:`raise_memory` if those do not fit either)."""
     # The loop makes no reference cycles worth collecting (hapc.process.collector): the cyclic collector
     # would only walk the graph and the price caches again and again.
     with gc_paused():
         return _synthesize(graph, cluster, time_budget=time_budget, optimizer=optimizer, max_rounds=max_rounds,
-                           backend=backend, overlaps=overlaps, baselines=baselines, progress=progress)
+                           backend=backend, overlaps=overlaps, baselines=baselines, progress=progress,
+                           require_fit=require_fit)
 
 
 def _synthesize(graph: Graph, cluster: Cluster, *, time_budget: float | None, optimizer: str | int,
                 max_rounds: int, backend: str, overlaps: Sequence[float], baselines: Sequence[str],
-                progress: Progress | None) -> Synthesis:
+                progress: Progress | None, require_fit: bool = True) -> Synthesis:
     say = progress or (lambda msg: None)
     deadline = time.perf_counter() + time_budget if time_budget else None
     out = Synthesis(best=None, baselines={})  # type: ignore[arg-type]
@@ -155,8 +159,8 @@ def _synthesize(graph: Graph, cluster: Cluster, *, time_budget: float | None, op
         if best is None or ahead(cand, best):
             best = cand
     assert best is not None
-    if not best.fits:
-        _raise_memory(best, cluster, optimizer, backend)
+    if not best.fits and require_fit:
+        raise_memory(best, cluster, optimizer, backend)
     out.best = best
     return out
 
@@ -176,7 +180,7 @@ def _same(a: Sequence[float], b: Sequence[float]) -> bool:
     return all(abs(x - y) < 1e-9 for x, y in zip(a, b))
 
 
-def _raise_memory(best: Candidate, cluster: Cluster, optimizer, backend: str) -> None:
+def raise_memory(best: Candidate, cluster: Cluster, optimizer, backend: str) -> None:
     """Nothing fits: let the LP say how much memory is missing where."""
     solve_shares(share_problem(best.program, best.sim, cluster, optimizer), backend)
     missing = [(d, t - c) for d, t, c in zip(cluster.devices, best.sim.memory.totals, cluster.memory_bytes())

@@ -482,3 +482,24 @@ def test_a_node_alone_is_a_candidate_and_auto_is_never_slower(gpt4):
     assert plan.cost <= alone.iteration_seconds * (1 + 1e-9)
     assert best_sub_cluster(StagePlanner(gpt4.graph, load_cluster({**SLOW_SECOND_NODE,
                                                                    "nodes": SLOW_SECOND_NODE["nodes"][:1]}))) is None
+
+
+def test_auto_pipelines_when_no_one_stage_plan_fits(gpt4):
+    """Devices too small for one stage's activations: --stages auto still tries stages (a stage
+    holds some layers and, under 1F1B, a few micro-batches' activations) and finds one that fits,
+    where it stopped at the one-stage search's memory error before (issue 22). Without stages
+    the error stands; with stages that do not fit either, it is the one-stage error."""
+    from hapc.api import synthesize
+    from synth.ratios import MemoryInfeasible
+
+    def cluster(gb: float) -> dict:
+        node = {"devices": [{"name": "n", "tflops": 1.0, "memory_GB": gb, "hbm_GBps": 50, "count": 2}],
+                "intra_link": "pcie3"}
+        return {"name": "tight", "nodes": [node, node], "network": {"bandwidth_Gbps": 10, "latency_us": 20}}
+
+    with pytest.raises(MemoryInfeasible):
+        synthesize(gpt4, None, cluster(0.002))
+    plan = synthesize(gpt4, None, cluster(0.002), stages="auto")
+    assert plan.fits and len(plan.stages) >= 2 and max(plan.memory) <= 0.002e9
+    with pytest.raises(MemoryInfeasible):
+        synthesize(gpt4, None, cluster(0.001), stages="auto")
