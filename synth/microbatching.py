@@ -53,6 +53,9 @@ class LossSplit:
 
     kind: str
     node: str | None = None
+    # The nodes whose results sum samples' terms (the loss's reductions over the batch and the
+    # linear ops after them): their constants must not change with the batch size.
+    summed: tuple[str, ...] = ()
 
     def describe(self) -> str:
         if self.kind == COUNT:
@@ -86,6 +89,7 @@ def loss_split(graph: Graph, batch: int | None = None) -> LossSplit:
 
     batch = batch_size(graph) if batch is None else batch
     state: dict[str, _Batch | _Summed] = {}
+    summed_nodes: list[str] = []
     for name in graph.inputs:
         shape = graph.meta(name).shape
         if shape and shape[0] == batch and batch > 1:
@@ -104,6 +108,7 @@ def loss_split(graph: Graph, batch: int | None = None) -> LossSplit:
                 state[out] = _Batch(lay.dim % max(1, len(graph.meta(out).shape)))
             elif isinstance(lay, Partial):
                 state[out] = _Summed(summed or frozenset({_reduction(node, strategy)}))
+                summed_nodes.append(node.name)
     final = state.get(graph.output)
     if final is None or isinstance(final, _Batch):
         return LossSplit(MEAN)          # no batch (or one sample): nothing to weigh
@@ -113,7 +118,33 @@ def loss_split(graph: Graph, batch: int | None = None) -> LossSplit:
         raise MicroBatchingRefused(f"the loss adds terms that average over different counts ({terms}); "
                                    "micro-batches cannot weigh them alike: use --microbatches 1")
     kind, node = kinds[0]
-    return LossSplit(kind, node)
+    return LossSplit(kind, node, tuple(dict.fromkeys(summed_nodes)))
+
+
+def check_batch_constants(whole: Graph, micro: Graph, split: LossSplit) -> None:
+    """Refuse a loss that divides (or multiplies) a sum over the batch by a number the trace
+    took from the batch size (``loss.sum() / x.shape[0]``: torch.export bakes the size in, and
+    a micro-batch's trace divides by its own): the micro-batches' losses would not add up to
+    the batch's. ``whole`` and ``micro`` are the model traced at the batch and at a micro-batch."""
+    theirs = {n.name: n for n in micro.nodes}
+    for node in whole.nodes:
+        if node.name not in split.summed or node.name not in theirs:
+            continue
+        other = theirs[node.name]
+        if (node.args, node.kwargs) != (other.args, other.kwargs):
+            where = f" at {node.source}" if node.source else ""
+            raise MicroBatchingRefused(
+                f"{node.op} ({node.name}){where} scales a sum over the batch by a number that changes with the "
+                f"batch size ({_constants(node)} for the batch, {_constants(other)} for a micro-batch; e.g. "
+                "dividing by x.shape[0]): micro-batches would compute another loss; take a mean, or use "
+                "--microbatches 1")
+
+
+def _constants(node: Node) -> str:
+    from hapc.ir.graph import Ref
+
+    values = [a for a in (*node.args, *node.kwargs.values()) if not isinstance(a, Ref)]
+    return ", ".join(map(repr, values)) or "-"
 
 
 def _per_sample_strategy(graph: Graph, node: Node, refs: list[str], held: list[_Batch | _Summed | None],

@@ -70,6 +70,10 @@ def _traced_micro_batch(plan: Plan, rows: int) -> MicroTrace:
     graph = autocast_graph(traced.graph, plan.precision.name)
     _check_same_structure(plan.graph, graph, batch, rows)
     split = loss_split_of(graph, plan.pipeline.microbatches)
+    if plan.pipeline.microbatches > 1:
+        from synth.microbatching import check_batch_constants
+
+        check_batch_constants(plan.graph, graph, loss_split_of(plan.graph, plan.pipeline.microbatches))
     return MicroTrace(graph, traced.constants, split.kind, rows,
                       _record(plan.graph, graph, rows, split.kind, split.node), split.node)
 

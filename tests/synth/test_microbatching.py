@@ -37,11 +37,17 @@ def test_losses_that_add_up_say_how(loss, kind):
     assert (split.node == "cross_entropy_loss") == (kind == COUNT)
 
 
-@pytest.mark.parametrize("loss, op, line, why", [
-    ("contrastive", "aten.matmul.default", 41, "combines different samples"),
-    ("batch_stats", "aten.sub.Tensor", 45, "statistic of the whole batch"),
+def _line(text: str) -> int:
+    """The line of losses.py that holds ``text``."""
+    return next(i for i, line in enumerate(LOSSES.read_text().splitlines(), 1) if text in line)
+
+
+@pytest.mark.parametrize("loss, op, code, why", [
+    ("contrastive", "aten.matmul.default", "logits = a @ b.T", "combines different samples"),
+    ("batch_stats", "aten.sub.Tensor", "h = h - h.mean(0", "statistic of the whole batch"),
 ])
-def test_losses_that_couple_samples_are_refused_naming_op_and_line(loss, op, line, why):
+def test_losses_that_couple_samples_are_refused_naming_op_and_line(loss, op, code, why):
+    line = _line(code)
     with pytest.raises(MicroBatchingRefused) as info:
         loss_split(_graph(loss))
     message = str(info.value)
@@ -97,7 +103,8 @@ def test_forced_micro_batches_on_a_coupled_loss_fail_in_one_line_before_any_sear
                  "--microbatches", "2", "-o", str(tmp_path / "out"), "-q"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert "aten.matmul.default" in err and "losses.py:41" in err and "combines different samples" in err
+    assert "aten.matmul.default" in err and f"losses.py:{_line('logits = a @ b.T')}" in err
+    assert "combines different samples" in err
     assert not (tmp_path / "out").exists()
 
 
@@ -110,3 +117,23 @@ def test_an_automatic_pipeline_of_a_coupled_loss_keeps_one_micro_batch():
     assert planner.microbatch_counts([planner.group((0,))]) == [1]
     counted = StagePlanner(_graph("masked_mean"), load_cluster(TWO_NODES))
     assert counted.splits_batch() and counted.microbatch_counts([counted.group((0,))]) == [1, 2, 4, 8]
+
+
+def test_a_sum_divided_by_the_batch_size_is_refused_once_a_micro_batch_is_traced():
+    """``loss.sum() / ids.shape[0]``: the trace bakes in 8, a micro-batch's trace 4, so the
+    micro-batches' losses would add up to twice the batch's (verify: FAILED, loss off by 17.6).
+    A sum divided by a fixed number is not refused."""
+    from synth.microbatching import check_batch_constants
+
+    def traced(loss: str, batch: int):
+        mf = load_model_file(str(LOSSES), {"loss": loss, "batch": batch})
+        return trace(mf.build_model(), mf.build_inputs()).graph
+
+    whole = traced("manual_mean", 8)
+    split = loss_split(whole)
+    assert split.kind == SUM and split.summed
+    with pytest.raises(MicroBatchingRefused, match=r"^aten\.div\.Tensor .*losses\.py:\d+ scales a sum over the batch "
+                                                   r"by a number that changes with the batch size \(8 .* 4 "):
+        check_batch_constants(whole, traced("manual_mean", 4), split)
+    fixed = traced("sum", 8)
+    check_batch_constants(fixed, traced("sum", 4), loss_split(fixed))

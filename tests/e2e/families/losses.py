@@ -9,6 +9,8 @@
   (a micro-batch with nothing to count adds nothing, rather than its 0/0);
 * ``sum``: a summed loss (each micro-batch weighs 1);
 * ``mean_mse``: a mean over all elements (each weighs 1/m);
+* ``manual_mean``: a sum divided by ``ids.shape[0]``, which the trace bakes in as the batch
+  size (a micro-batch's trace divides by its own size: must be refused);
 * ``contrastive``: CLIP's loss, every sample against every other (must be refused);
 * ``batch_stats``: features normalised by the batch's mean (must be refused).
 """
@@ -17,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-LOSSES = ("masked_mean", "class_weights", "nothing_counted", "sum", "mean_mse", "contrastive", "batch_stats")
+LOSSES = ("masked_mean", "class_weights", "nothing_counted", "sum", "mean_mse", "manual_mean", "contrastive", "batch_stats")
 VOCAB, HIDDEN, SEQ = 11, 16, 6
 
 
@@ -49,6 +51,8 @@ class Net(nn.Module):
             return F.cross_entropy(logits, flat, weight=self.weights, ignore_index=-100)
         if self.loss == "sum":
             return F.cross_entropy(logits, flat, ignore_index=-100, reduction="sum") / 50.0
+        if self.loss == "manual_mean":
+            return F.cross_entropy(logits, flat.clamp(min=0), reduction="sum") / ids.shape[0]
         if self.loss == "mean_mse":
             return F.mse_loss(logits.softmax(-1), F.one_hot(flat.clamp(min=0), VOCAB).float())
         return F.cross_entropy(logits, flat, ignore_index=-100)
