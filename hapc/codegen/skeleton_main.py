@@ -216,6 +216,8 @@ def checkpoint_tensors(trainer: Trainer) -> dict[str, Any]:
     K = _checkpoints()
     out = {}
     for name, target in (*PARAMS.items(), *BUFFERS.items()):
+        if name not in trainer.sources:          # a pipeline stage holds its layers' only
+            continue
         local, info = trainer.sources[name], trainer.rt.piece_info(name)
         offsets, shape = [0] * local.dim(), list(local.shape)
         if info is not None:
@@ -231,8 +233,18 @@ def save_checkpoint(directory: str, trainer: Trainer, optimizer: torch.optim.Opt
     scaler = trainer.scaler.state_dict() if trainer.scaler.enabled else {"scale": 0.0, "growth_tracker": 0}
     return K.save(directory, checkpoint_tensors(trainer), trainer.module, optimizer, trainer.params,
                   K.Progress(trainer.steps_done, data_position, scaler["scale"], scaler["growth_tracker"]),
-                  model_file=MODEL_FILE,
-                  model_kwargs=trainer.kwargs, world=WORLD)
+                  model_file=MODEL_FILE, model_kwargs=trainer.kwargs, world=WORLD, others=held_elsewhere(trainer))
+
+
+def held_elsewhere(trainer: Trainer) -> frozenset[str]:
+    """Attributes other ranks hold and this one does not: other pipeline stages' layers (none in
+    a one-stage program, where every rank holds every parameter, whole or in part)."""
+    stages = globals().get("STAGES")         # a pipelined program's tables
+    if stages is None:
+        return frozenset()
+    names = {n for st in stages for n in (*st["params"], *st["buffers"])}
+    return frozenset(target for name, target in (*PARAMS.items(), *BUFFERS.items())
+                     if name in names and name not in trainer.sources)
 
 
 def prune_checkpoints(root: str, keep: int) -> None:
@@ -249,7 +261,8 @@ def prune_checkpoints(root: str, keep: int) -> None:
 def load_checkpoint(directory: str, trainer: Trainer, optimizer: torch.optim.Optimizer) -> int:
     """Load a checkpoint saved by any plan of this model; returns the data position."""
     K = _checkpoints()
-    progress = K.load(directory, checkpoint_tensors(trainer), trainer.module, optimizer, trainer.params)
+    progress = K.load(directory, checkpoint_tensors(trainer), trainer.module, optimizer, trainer.params,
+                      held_elsewhere(trainer))
     trainer.steps_done = progress.step        # dropout masks and step numbers continue
     trainer.scaler.load_state_dict({"scale": progress.loss_scale, "growth_tracker": progress.scale_growth_tracker})
     return progress.data_position
@@ -339,8 +352,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--timeout {args.timeout:g}: expected a positive number of seconds")
     if args.load and args.verify:
         parser.error("--verify compares with the initial weights; it cannot follow --load")
-    if "STAGES" in globals() and (args.save or args.load):
-        parser.error("--save/--load: checkpoints of pipelined programs are not supported yet")
 
     if "WORLD_SIZE" not in os.environ and WORLD == 1:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",

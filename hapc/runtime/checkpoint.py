@@ -38,7 +38,6 @@ import math
 import os
 import pickle
 import shutil
-import warnings
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -187,14 +186,16 @@ def state_dict_aliases(module: torch.nn.Module) -> dict[str, str]:
     return {key: first.get(id(t), key) for key, t in module.state_dict(keep_vars=True).items()}
 
 
-def model_tensors(held: Mapping[str, Held], module: torch.nn.Module) -> dict[str, Held]:
-    """Every tensor of the model state, by attribute: the program's (``held``), plus any entry
-    of ``module.state_dict()`` the program does not use (kept at its initial value, so that the
-    checkpoint holds the whole model)."""
+def model_tensors(held: Mapping[str, Held], module: torch.nn.Module,
+                  others: frozenset[str] = frozenset()) -> dict[str, Held]:
+    """Every tensor of the model state this rank saves, by attribute: the program's (``held``),
+    plus any entry of ``module.state_dict()`` no rank holds (kept at its initial value, so that
+    the checkpoint holds the whole model); ``others``: what other ranks hold (a pipeline's other
+    stages), theirs to save."""
     out = dict(held)
     state = module.state_dict()
     for canonical, keys in _tied_groups(module).items():
-        if not keys & set(out):
+        if not keys & (set(out) | others):
             t = state[min(keys)].detach()
             out[canonical] = Held(t, (0,) * t.dim(), tuple(t.shape))
     return out
@@ -224,8 +225,8 @@ def _optimizer_entries(optimizer: torch.optim.Optimizer, params: Mapping[str, to
     parameter groups (hyper-parameters, with parameters named by attribute)."""
     name_of = {id(p): name for name, p in params.items()}
     out: dict[str, Any] = {}
-    groups = []
-    for group in optimizer.param_groups:
+    groups: list[dict[str, Any]] = []
+    for group in optimizer.param_groups if params else ():       # a rank no stage uses steps nothing
         names = [name_of[id(p)] for p in group["params"]]
         groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": names})
         for p, name in zip(group["params"], names):
@@ -251,18 +252,39 @@ def _split(entries: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Held]]
     return state, pieces
 
 
+def _listed(tensors: Mapping[str, Held], module: torch.nn.Module, others: frozenset[str]) -> dict[str, Any]:
+    """The manifest's ``tensors``: every attribute any rank saves, global shape and dtype."""
+    state = module.state_dict()          # every rank builds the module whole: others' shapes too
+    shapes = {**{k: state[k] for k in others},
+              **{k: torch.empty(h.global_shape, dtype=h.tensor.dtype, device="meta") for k, h in tensors.items()}}
+    return {k: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for k, t in sorted(shapes.items())}
+
+
+def _merged_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The optimizer's groups with every rank's parameters, alike on all (DCP keeps any one's)."""
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, groups)
+    merged = [dict(g, params=[]) for g in next((g for g in everyone if g), [])]
+    for theirs in everyone:
+        for into, group in zip(merged, theirs):
+            into["params"] += [n for n in group["params"] if n not in into["params"]]
+    return merged
+
+
 # ---- save ------------------------------------------------------------------------------------
 
 def save(root: str | os.PathLike, held: Mapping[str, Held], module: torch.nn.Module,
          optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor], progress: Progress,
-         *, model_file: str, model_kwargs: Mapping[str, Any], world: int) -> Path:
-    """Save this rank's part of a checkpoint (every rank calls it) to ``root/step-NNNNNNNN``;
-    returns that directory. ``held``: the program's parameters and buffers by attribute;
-    ``params``: attribute -> the tensor the optimizer steps."""
+         *, model_file: str, model_kwargs: Mapping[str, Any], world: int, others: frozenset[str] = frozenset()) -> Path:
+    """Save this rank's part of a checkpoint (every rank calls it) to ``root/step-NNNNNNNN``; returns
+    it. ``held``: this rank's parameters and buffers by attribute; ``params``: attribute -> the tensor
+    the optimizer steps; ``others``: attributes only other ranks hold (other pipeline stages')."""
     directory = Path(root) / f"step-{progress.step:08d}"
-    tensors = model_tensors(held, module)
+    tensors = model_tensors(held, module, others)
     entries: dict[str, Any] = {f"{MODEL}{k}": h for k, h in tensors.items()}
     entries.update(_optimizer_entries(optimizer, params, tensors))
+    if others:      # each stage's optimizer steps its own parameters: the groups list everyone's
+        entries[PARAM_GROUPS] = _merged_groups(entries[PARAM_GROUPS])
     entries[PROGRESS] = dataclasses.asdict(progress)
     state, pieces = _split(entries)
     rank = _rank()
@@ -278,9 +300,8 @@ def save(root: str | os.PathLike, held: Mapping[str, Held], module: torch.nn.Mod
             "model_kwargs": dict(model_kwargs),
             "world": world,
             "progress": dataclasses.asdict(progress),
-            "tensors": {k: {"shape": list(h.global_shape), "dtype": str(h.tensor.dtype).removeprefix("torch.")}
-                        for k, h in sorted(tensors.items())},
-            "state_dict": _export_names(tensors, module),
+            "tensors": _listed(tensors, module, others),
+            "state_dict": _export_names({**_listed(tensors, module, others)}, module),
             "files": {p.name: {"bytes": p.stat().st_size, "crc32": _crc32(p)}
                       for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST},
         }
@@ -365,10 +386,10 @@ def _check_manifest(manifest: Mapping[str, Any], file: Path) -> None:
         raise wrong("state_dict", "an object mapping state_dict keys to tensors of the manifest")
 
 
-def check_model(manifest: Mapping[str, Any], tensors: Mapping[str, Held], where: Path) -> None:
-    """Refuse a checkpoint of another model: the same attributes with the same global shapes."""
+def check_model(manifest: Mapping[str, Any], listed: Mapping[str, Any], where: Path) -> None:
+    """Refuse a checkpoint of another model: the same attributes (``listed``) and global shapes."""
     saved = manifest.get("tensors", {})
-    mine = {k: list(h.global_shape) for k, h in tensors.items()}
+    mine = {k: list(v["shape"]) for k, v in listed.items()}
     missing = sorted(set(mine) - set(saved))
     extra = sorted(set(saved) - set(mine))
     if missing or extra:
@@ -381,18 +402,18 @@ def check_model(manifest: Mapping[str, Any], tensors: Mapping[str, Held], where:
                                   f"{key!r} is {tuple(saved[key]['shape'])} there, {tuple(mine[key])} here")
 
 
-def load(path: str | os.PathLike, held: Mapping[str, Held], module: torch.nn.Module,
-         optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor]) -> Progress:
+def load(path: str | os.PathLike, held: Mapping[str, Held], module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         params: Mapping[str, torch.Tensor], others: frozenset[str] = frozenset()) -> Progress:
     """Load a checkpoint saved under any plan and world size into this rank's pieces (every
     rank calls it): parameters and buffers in place, the optimizer's state through
     ``load_state_dict``. Returns where training stood. Raises :class:`CheckpointError` (the
     same on every rank) before anything is changed when the checkpoint is unusable."""
-    tensors = model_tensors(held, module)
+    tensors = model_tensors(held, module, others)
     error, directory = None, None
     if _rank() == 0:
         try:
             directory, manifest = read_manifest(path)
-            check_model(manifest, tensors, directory / MANIFEST)
+            check_model(manifest, _listed(tensors, module, others), directory / MANIFEST)
         except CheckpointError as exc:
             error = str(exc)
     error, directory = _from_rank0((error, directory))
@@ -402,7 +423,7 @@ def load(path: str | os.PathLike, held: Mapping[str, Held], module: torch.nn.Mod
     metadata = reader.read_metadata()
     # Loaded into fresh tensors first, copied in only once everything has been read.
     entries: dict[str, Any] = {f"{MODEL}{k}": h.like(torch.empty_like(h.tensor)) for k, h in tensors.items()}
-    entries.update(_optimizer_slots(metadata.state_dict_metadata, tensors, directory))
+    entries.update(_optimizer_slots(metadata.state_dict_metadata, tensors, directory, others))
     entries[PROGRESS] = None
     state, pieces = _split(entries)
     try:
@@ -411,20 +432,22 @@ def load(path: str | os.PathLike, held: Mapping[str, Held], module: torch.nn.Mod
         raise
     except Exception as exc:       # DCP wraps per-rank failures; keep it to one line
         raise CheckpointError(f"{directory}: cannot be read ({type(exc).__name__}: {_first_line(exc)})") from None
-    optimizer_state = _optimizer_state(optimizer, params, state, directory)   # checked before anything changes
+    optimizer_state = _optimizer_state(optimizer, params, state, directory, bool(others)) if params else None
     with torch.no_grad():
         for key, h in tensors.items():
             if key in held:
                 held[key].tensor.copy_(state[f"{MODEL}{key}"])
-    optimizer.load_state_dict(optimizer_state)
+    if optimizer_state is not None:
+        optimizer.load_state_dict(optimizer_state)
     p = state[PROGRESS]
     return Progress(int(p["step"]), int(p["data_position"]), float(p.get("loss_scale", 0.0)),
                     int(p.get("scale_growth_tracker", 0)))
 
 
-def _optimizer_slots(saved: Mapping[str, Any], tensors: Mapping[str, Held], where: Path) -> dict[str, Any]:
-    """Empty places for the saved optimizer entries, each placed like its parameter when it
-    has the parameter's global shape."""
+def _optimizer_slots(saved: Mapping[str, Any], tensors: Mapping[str, Held], where: Path,
+                     others: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Places for the saved optimizer entries (like their parameter when of its global shape; none
+    for parameters only other ranks hold)."""
     out: dict[str, Any] = {}
     for key, md in saved.items():
         if not key.startswith(OPTIM):
@@ -433,6 +456,8 @@ def _optimizer_slots(saved: Mapping[str, Any], tensors: Mapping[str, Held], wher
             out[key] = None
             continue
         name = key[len(OPTIM):].rsplit("/", 1)[0]
+        if name in others and name not in tensors:
+            continue
         if name not in tensors:
             raise CheckpointError(f"{where}: optimizer state for {name!r}, which this model lacks")
         if isinstance(md, BytesStorageMetadata):
@@ -447,9 +472,10 @@ def _optimizer_slots(saved: Mapping[str, Any], tensors: Mapping[str, Held], wher
 
 
 def _optimizer_state(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor],
-                     state: Mapping[str, Any], where: Path) -> dict[str, Any]:
+                     state: Mapping[str, Any], where: Path, part: bool = False) -> dict[str, Any]:
     """The loaded entries as ``optimizer.state_dict()`` of this program's optimizer, checked to
-    be for the same optimizer and parameters."""
+    be for the same optimizer and parameters (``part``: this rank's optimizer steps some of the
+    saved groups' parameters, a pipeline stage's)."""
     name_of = {id(p): name for name, p in params.items()}
     index: dict[str, int] = {}
     for group in optimizer.param_groups:
@@ -462,17 +488,19 @@ def _optimizer_state(optimizer: torch.optim.Optimizer, params: Mapping[str, torc
                               f"{len(current['param_groups'])}")
     groups = []
     for saved, now in zip(saved_groups, current["param_groups"]):
-        if sorted(saved["params"]) != sorted(name_of[id(p)] for p in _group_params(optimizer, now)):
+        mine = sorted(name_of[id(p)] for p in _group_params(optimizer, now))
+        if (not set(mine) <= set(saved["params"])) if part else sorted(saved["params"]) != mine:
             raise CheckpointError(f"{where}: the optimizer's parameter groups hold other parameters")
         if set(saved) != set(now):
             raise CheckpointError(f"{where}: saved by another optimizer (settings {sorted(set(saved) - {'params'})}, "
                                   f"this one has {sorted(set(now) - {'params'})})")
-        groups.append({**saved, "params": [index[n] for n in saved["params"]]})
+        groups.append({**saved, "params": now["params"]})     # this optimizer's order; state goes by name
     per_param: dict[int, dict[str, Any]] = {}
     for key, value in state.items():
         if key.startswith(OPTIM) and key != PARAM_GROUPS:
             name, entry = key[len(OPTIM):].rsplit("/", 1)
-            per_param.setdefault(index[name], {})[entry] = value
+            if name in index:
+                per_param.setdefault(index[name], {})[entry] = value
     return {"state": per_param, "param_groups": groups}
 
 
@@ -480,34 +508,6 @@ def _group_params(optimizer: torch.optim.Optimizer, group_state: Mapping[str, An
     """The parameters of a group of ``optimizer.state_dict()`` (which lists indices)."""
     flat = [p for g in optimizer.param_groups for p in g["params"]]
     return [flat[i] for i in group_state["params"]]
-
-
-# ---- a single-device state_dict from a checkpoint ---------------------------------------------
-
-def export_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The model's whole tensors, keyed as ``model.state_dict()``, from a checkpoint of any plan
-    (no process group needed)."""
-    directory, manifest = read_manifest(path)
-    state = {f"{MODEL}{k}": torch.empty(tuple(v["shape"]), dtype=getattr(torch, v["dtype"]))
-             for k, v in manifest["tensors"].items()}
-    reader = SafeReader(directory)
-    saved = reader.read_metadata().state_dict_metadata
-    for key, tensor in state.items():
-        held = saved.get(key)
-        if not (isinstance(held, TensorStorageMetadata) and held.properties.dtype == tensor.dtype
-                and list(held.size) == list(tensor.shape)):
-            raise CheckpointError(f"{directory / MANIFEST}: {key.removeprefix(MODEL)} ({tensor.dtype}, "
-                                  f"{list(tensor.shape)}) is not what the DCP files hold")
-    try:
-        with warnings.catch_warnings():        # "assuming the intent is to load in a single process": it is
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, storage_reader=reader,
-                     planner=_PieceLoadPlanner({}, str(directory)), no_dist=True)
-    except CheckpointError:
-        raise
-    except Exception as exc:
-        raise CheckpointError(f"{directory}: cannot be read ({type(exc).__name__}: {_first_line(exc)})") from None
-    return {key: state[f"{MODEL}{held}"] for key, held in manifest["state_dict"].items()}
 
 
 # ---- reading DCP's metadata without running code -------------------------------------------

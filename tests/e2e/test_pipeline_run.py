@@ -263,6 +263,30 @@ def test_micro_batched_losses_add_up_to_the_whole_batchs(tmp_path, loss, cluster
     assert "verify: ok" in outs[0], outs[0][-2000:]
 
 
+def _losses(outs: list[str]) -> list[str]:
+    return [line.split()[3] for line in outs[0].splitlines() if line.startswith("step ") and " loss " in line]
+
+
+@pytest.mark.slow
+def test_pipelined_checkpoints_resume_exactly_under_either_plan(tmp_path):
+    """A pipeline's ranks each save their stage's pieces (and optimizer state); the checkpoint
+    resumes the same pipeline, a one-stage plan, and the other way round, with the losses of an
+    uninterrupted run (issue 23: pipelines support --save/--load across plans)."""
+    import hapc
+
+    cfg = {**TINY, "batch": 12}
+    (tmp_path / "pipe").mkdir()
+    pipe = _emit(forced_pipeline(GPT, cfg, THREE_NODES, [(0,), (1, 2), (3, 4, 5)], [0.3, 0.6], 2,
+                                 group_program="dp-flops"), tmp_path / "pipe")
+    one = Path(hapc.synthesize(str(GPT), None, str(THREE_NODES), model_kwargs=cfg).emit(tmp_path / "one"))
+    straight = _losses(_launch(pipe, [1, 2, 3], "--steps", "4"))
+    for first, then in ((pipe, pipe), (pipe, one), (one, pipe)):
+        saved = tmp_path / f"ck-{first.parent.name}-{then.parent.name}"
+        assert _losses(_launch(first, [1, 2, 3], "--steps", "2", "--save", str(saved))) == straight[:2]
+        assert _losses(_launch(then, [1, 2, 3], "--steps", "2", "--load", str(saved))) == straight[2:], \
+            (first.parent.name, then.parent.name)
+
+
 GROUP_WORKER = """
 import torch, torch.distributed as dist
 from hapc.runtime import collectives as C
