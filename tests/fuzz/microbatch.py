@@ -36,6 +36,9 @@ def check_microbatching(spec: ModelSpec) -> str:
     slices = [tuple(x[k * rows:(k + 1) * rows] for x in inputs) for k in range(m)]
     if split.kind == COUNT:
         counts = [float((piece[-1] != -100).sum()) for piece in slices]       # the heads' targets are y
+        if not sum(counts):          # nothing counted in the whole batch: its mean is 0/0 on one device too
+            assert torch.isnan(whole_loss)
+            return "nothing counted"
         weights = [c / sum(counts) for c in counts]
     else:
         weights = [1.0 / m if split.kind == MEAN else 1.0] * m
