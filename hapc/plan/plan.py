@@ -152,9 +152,9 @@ class Plan:
 
     @property
     def speedups(self) -> dict[str, float]:
-        """This plan's speed-up over each baseline that fits in memory (see ``baseline_shortfall``)."""
-        return {k: v / self.cost for k, v in self.baselines.items()
-                if self.cost > 0 and k not in self.baseline_shortfall}
+        """Speed-ups over the baselines that fit and split the batch (hapc.report.model.claimable)."""
+        from hapc.report.model import claimable
+        return {k: v / self.cost for k, v in self.baselines.items() if self.cost > 0 and claimable(self, k)}
 
     def simulate(self, cluster: Cluster | str | dict | None = None) -> SimResult:
         cl = self.cluster if cluster is None else load_cluster(cluster)

@@ -45,11 +45,11 @@ def facts(plan: Plan) -> dict[str, Any]:
                  f"({plan.cluster.world} devices)",
         "iteration_ms": plan.cost * MS, "lower_bound_ms": plan.lower_bound * MS,
         "gap": plan.cost / plan.lower_bound if plan.lower_bound > 0 else None,
-        # (name, ms, speed-up of this plan, GB short): no speed-up over a baseline that does not fit
+        # (name, ms, speed-up of this plan or None, why none): no speed-up over a baseline that does
+        # not fit or does not split the batch
         "baselines": [(name, seconds * MS,
-                       None if name in plan.baseline_shortfall else
-                       seconds / plan.cost if plan.cost > 0 else float("nan"),
-                       plan.baseline_shortfall.get(name, 0.0) / GB)
+                       (seconds / plan.cost if plan.cost > 0 else float("nan")) if claimable(plan, name) else None,
+                       unclaimable_because(plan, name))
                       for name, seconds in sorted(plan.baselines.items())],
         "devices": devices, "fits": all(d["fits"] for d in devices),
     }
@@ -144,13 +144,36 @@ def chart(plan: Plan) -> Chart:
                  [pick(p) for p in parts], part_names)
 
 
-def baseline_text(name: str, ms: float, speedup: float | None, short_gb: float) -> str:
+DATA_PARALLEL = ("dp-even", "dp-flops")
+
+
+def claimable(plan: Plan, name: str) -> bool:
+    """Whether a speed-up over baseline ``name`` means something: it fits in memory, and data
+    parallelism has a sample for every device (with fewer, every device computes the whole batch:
+    a degenerate baseline that DDP would not run)."""
+    return unclaimable_because(plan, name) == ""
+
+
+def unclaimable_because(plan: Plan, name: str) -> str:
+    """Why no speed-up over baseline ``name`` is claimed ('' when one is)."""
+    if name in plan.baseline_shortfall:
+        return f"does not fit: {memory_text(plan.baseline_shortfall[name] / GB)} short"
+    if name in DATA_PARALLEL:
+        from synth.stagespace import batch_size
+
+        batch = batch_size(plan.graph)
+        if batch < plan.cluster.world:
+            return f"not split: a batch of {batch} for {plan.cluster.world} devices"
+    return ""
+
+
+def baseline_text(name: str, ms: float, speedup: float | None, why: str) -> str:
     """``dp-even 1.130 ms (1.25x)``, or ``... (does not fit: 2.1 GB short)``."""
-    return f"{name} {ms:.3f} ms ({speedup_text(speedup, short_gb)})"
+    return f"{name} {ms:.3f} ms ({speedup_text(speedup, why)})"
 
 
-def speedup_text(speedup: float | None, short_gb: float) -> str:
-    return f"{speedup:.2f}x" if speedup is not None else f"does not fit: {memory_text(short_gb)} short"
+def speedup_text(speedup: float | None, why: str) -> str:
+    return f"{speedup:.2f}x" if speedup is not None else why
 
 
 def rank_runs(labels: list[str], *per_rank: list[float]) -> tuple[list[int], list[str]]:

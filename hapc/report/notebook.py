@@ -58,7 +58,7 @@ def plan_markdown(plan: Plan, chart: bool = True) -> str:
     lines = [f"### {f['title']}", "", _headline(f), ""]
     if f["baselines"]:
         lines += ["| baseline | predicted ms | speed-up of this plan |", "|---|---:|---:|"]
-        lines += [f"| {name} | {ms:.3f} | {speedup_text(speedup, short)} |" for name, ms, speedup, short in f["baselines"]]
+        lines += [f"| {name} | {ms:.3f} | {speedup_text(speedup, why)} |" for name, ms, speedup, why in f["baselines"]]
         lines.append("")
     columns, has_rows = _columns(f), _has_rows(f)
     lines += ["| " + " | ".join(columns) + " |", "|" + "---:|" * len(columns)]
@@ -79,8 +79,8 @@ def plan_html(plan: Plan, chart: bool = True) -> str:
     parts = [f"<div class=\"hapc-plan\"><h4>{esc(f['title'])}</h4>", f"<p>{esc(_headline(f))}</p>"]
     if f["baselines"]:
         rows = "".join(f"<tr><td>{esc(name)}</td><td {cell}>{ms:.3f}</td>"
-                       f"<td {cell}>{esc(speedup_text(speedup, short))}</td></tr>"
-                       for name, ms, speedup, short in f["baselines"])
+                       f"<td {cell}>{esc(speedup_text(speedup, why))}</td></tr>"
+                       for name, ms, speedup, why in f["baselines"])
         parts.append("<table><tr><th>baseline</th><th>predicted ms</th><th>speed-up of this plan</th></tr>"
                      f"{rows}</table>")
     head = "".join(f"<th>{esc(c)}</th>" for c in _columns(f))

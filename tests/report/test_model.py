@@ -134,3 +134,17 @@ def test_no_speed_up_is_claimed_over_a_baseline_that_does_not_fit(tmp_path):
     assert "does not fit: 17.53 MB short" in plan_html(plan, chart=False)
     plan.save(tmp_path / "plan.json")
     assert Plan.load(tmp_path / "plan.json").baseline_shortfall == plan.baseline_shortfall
+
+
+def test_no_speed_up_is_claimed_over_data_parallelism_that_cannot_split_the_batch():
+    """A batch of 3 on 5 devices: data parallelism would compute the whole batch everywhere (a
+    baseline DDP cannot run), so the reports say so instead of a speed-up over it (issue 23)."""
+    cluster = {"name": "five", "nodes": [{"devices": [
+        {"name": "fast", "tflops": 2.0, "memory_GB": 8, "hbm_GBps": 20, "count": 2},
+        {"name": "slow", "tflops": 1.0, "memory_GB": 8, "hbm_GBps": 20, "count": 3}], "intra_link": "loopback"}]}
+    torch.manual_seed(0)
+    plan = hapc.synthesize(Loss(), (torch.randn(3, 12), torch.randint(0, 4, (3,))), cluster)
+    assert {"dp-even", "dp-flops"} <= set(plan.baselines) and not {"dp-even", "dp-flops"} & set(plan.speedups)
+    line = next(ln for ln in summary_text(plan).splitlines() if ln.startswith("baselines"))
+    assert "dp-even" in line and "(not split: a batch of 3 for 5 devices)" in line
+    assert "megatron-tp" in plan.speedups
