@@ -104,3 +104,42 @@ def verify_line(proc) -> str:
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("verify:")]
     assert lines, f"no verify line (rc={proc.returncode}):\n{proc.stdout[-2000:]}\n{failure_excerpt(proc)}"
     return lines[0]
+
+
+def step_losses(stdout: str) -> dict[int, float]:
+    """``{step: loss}`` from an emitted program's ``step N loss L ...`` lines."""
+    return {int(ln.split()[1]): float(ln.split()[3]) for ln in stdout.splitlines() if ln.startswith("step ")}
+
+
+def run_losses(proc) -> dict[int, float]:
+    """The step losses of a torchrun that must have succeeded."""
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return step_losses(proc.stdout)
+
+
+def import_program(path: Path):
+    """An emitted program.py as a module (its tables and helpers), without running it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"emitted_{abs(hash(str(path)))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def single_device_run(program_path: Path, steps: int):
+    """The losses (and the final model) of the user's model trained on one device the way the
+    emitted program trains it: same seed, optimizer and batch."""
+    program = import_program(program_path)
+    torch.manual_seed(program.SEED)
+    model = program._call_with(program.M.model, program.MODEL_KWARGS)
+    optimizer = program.make_optimizer(list(model.parameters()))
+    batch = tuple(program._call_with(program.M.inputs, program.MODEL_KWARGS))
+    losses = []
+    for _ in range(steps):
+        loss = model(*batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses, model

@@ -450,3 +450,20 @@ def test_keep_freed_memory_can_be_turned_off(monkeypatch):
     import platform
 
     assert keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
+
+
+def test_profile_splits_devices_only_on_differences_beyond_their_spread():
+    from profiler.clusterfile import group_ranks
+    from profiler.timing import relative_spread
+
+    def core(gflops: float, spread: float) -> dict:
+        return {"name": "cpu", "peak_flops": {"fp32": gflops * 1e9}, "hbm_bandwidth_Bps": 10e9, "flops_spread": spread}
+
+    assert relative_spread([1.0, 1.2, 1.4]) == pytest.approx(0.2 / 1.2)
+    # The two identical cores, measured 31.7 and 46.6 GFLOPS with +-20% window spreads: one kind.
+    assert group_ranks([core(31.7, 0.2), core(46.6, 0.2)]) == [[0, 1]]
+    # The same figures measured steadily (+-1%): told apart.
+    assert group_ranks([core(31.7, 0.01), core(46.6, 0.01)]) == [[0], [1]]
+    # Old profiles without a spread keep the 15% rule.
+    plain = [{k: v for k, v in core(g, 0).items() if k != "flops_spread"} for g in (40.0, 44.0, 60.0)]
+    assert group_ranks(plain) == [[0, 1], [2]]

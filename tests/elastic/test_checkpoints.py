@@ -1,4 +1,4 @@
-"""Checkpoints that survive a change of plan (issue 15).
+"""Checkpoints that survive a change of plan (issue 15). (Replanning is in test_replan.py.)
 
 Fast, in one process: the runtime's uneven-piece planners read the right block of a saved
 chunk and refuse a checkpoint that covers a piece only in part; save/load round-trips
@@ -14,7 +14,6 @@ result equals the single-device weights.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pickle
 import re
@@ -26,12 +25,10 @@ from pathlib import Path
 import pytest
 import torch
 
-
-from tests.runs import emit_model, plan_for, torchrun  # noqa: E402
-
-from costmodel.cluster import load_cluster  # noqa: E402
-from hapc.cli import main as cli_main  # noqa: E402
-from hapc.runtime import checkpoint as K  # noqa: E402
+from costmodel.cluster import load_cluster
+from hapc.cli import main as cli_main
+from hapc.runtime import checkpoint as K
+from tests.runs import emit_model, import_program, plan_for, run_losses, single_device_run, step_losses, torchrun
 
 TOLERANCE = 1e-5
 
@@ -40,35 +37,6 @@ def _cluster(tflops: list[float]):
     return load_cluster({"name": f"cpu{len(tflops)}", "nodes": [{
         "devices": [{"name": f"cpu{i}", "tflops": t, "memory_GB": 8, "hbm_GBps": 20, "count": 1}
                     for i, t in enumerate(tflops)], "intra_link": "loopback"}]})
-
-
-def _import(path: Path):
-    spec = importlib.util.spec_from_file_location(f"emitted_{abs(hash(str(path)))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def single_device_run(program_path: Path, steps: int):
-    """The losses (and the final model) of the user's model trained on one device the way the
-    emitted program trains it: same seed, optimizer and batch."""
-    program = _import(program_path)
-    torch.manual_seed(program.SEED)
-    model = program._call_with(program.M.model, program.MODEL_KWARGS)
-    optimizer = program.make_optimizer(list(model.parameters()))
-    batch = tuple(program._call_with(program.M.inputs, program.MODEL_KWARGS))
-    losses = []
-    for _ in range(steps):
-        loss = model(*batch)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses, model
-
-
-def step_losses(stdout: str) -> dict[int, float]:
-    return {int(ln.split()[1]): float(ln.split()[3]) for ln in stdout.splitlines() if ln.startswith("step ")}
 
 
 # ---- the planners, one process ----------------------------------------------------------------
@@ -242,6 +210,16 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path):
         K.load(tmp_path, held, other, torch.optim.AdamW(params.values()), params)
 
 
+def test_a_checkpoint_of_another_optimizer_is_refused(tmp_path):
+    _save(tmp_path)                           # AdamW
+    fresh, params, _, held = _trained_linear(seed=1)
+    sgd = torch.optim.SGD(params.values(), lr=0.1, momentum=0.9)
+    before = {k: p.detach().clone() for k, p in params.items()}
+    with pytest.raises(K.CheckpointError, match="saved by another optimizer"):
+        K.load(tmp_path, held, fresh, sgd, params)
+    assert all(torch.equal(before[k], p) for k, p in params.items())     # nothing half-loaded
+
+
 # ---- an emitted program, one rank, in this process -------------------------------------------
 
 def _free_port() -> int:
@@ -255,7 +233,7 @@ def test_one_rank_program_saves_resumes_and_exports_single_device_weights(tmp_pa
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
-    program = _import(path)
+    program = import_program(path)
     ck = tmp_path / "ck"
     assert program.main(["--steps", "2", "--save", str(ck), "--save-every", "1"]) == 0
     assert (ck / "step-00000001" / K.MANIFEST).exists() and (ck / K.LATEST).read_text().strip() == "step-00000002"
@@ -284,7 +262,7 @@ def test_keep_leaves_the_newest_steps_and_the_latest(tmp_path, monkeypatch, caps
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
-    program = _import(path)
+    program = import_program(path)
     ck = tmp_path / "ck"
     assert program.main(["--steps", "4", "--save", str(ck), "--save-every", "1", "--keep", "2"]) == 0
     assert sorted(p.name for p in ck.glob("step-*")) == ["step-00000003", "step-00000004"]
@@ -301,7 +279,7 @@ def test_a_save_that_cannot_be_written_is_one_line_and_keeps_the_latest(tmp_path
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
-    program = _import(path)
+    program = import_program(path)
     ck = tmp_path / "ck"
     assert program.main(["--steps", "1", "--save", str(ck)]) == 0
     def disk_full(*args, **kwargs):
@@ -362,11 +340,6 @@ def test_export_weights_refuses_what_is_not_a_checkpoint(tmp_path, capsys):
 
 # ---- torchrun on gloo: another plan, another world size --------------------------------------
 
-def _run_ok(proc) -> dict[int, float]:
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return step_losses(proc.stdout)
-
-
 @pytest.mark.slow
 def test_gpt_resumes_from_four_ranks_dp_to_three_ranks_tp_and_back(tmp_path):
     """dp-even on 4 -> megatron-tp on 3 with uneven shares -> dp-flops on 4 with other shares."""
@@ -377,9 +350,9 @@ def test_gpt_resumes_from_four_ranks_dp_to_three_ranks_tp_and_back(tmp_path):
     tp3 = emit_model("gpt", tp, tmp_path / "tp3")
     flops4 = emit_model("gpt", plan_for("gpt", "dp-flops", _cluster([0.4, 0.1, 0.2, 0.3])), tmp_path / "flops4")
     ck = tmp_path / "ck"
-    got = _run_ok(torchrun(dp4, 4, "--steps", "2", "--save", str(ck)))
-    got |= _run_ok(torchrun(tp3, 3, "--steps", "2", "--load", str(ck), "--save", str(ck)))
-    got |= _run_ok(torchrun(flops4, 4, "--steps", "2", "--load", str(ck), "--save", str(ck)))
+    got = run_losses(torchrun(dp4, 4, "--steps", "2", "--save", str(ck)))
+    got |= run_losses(torchrun(tp3, 3, "--steps", "2", "--load", str(ck), "--save", str(ck)))
+    got |= run_losses(torchrun(flops4, 4, "--steps", "2", "--load", str(ck), "--save", str(ck)))
     losses, reference = single_device_run(dp4, 6)
     assert sorted(got) == [1, 2, 3, 4, 5, 6]
     errors = [abs(got[i + 1] - losses[i]) for i in range(6)]
@@ -405,209 +378,3 @@ def test_a_checkpoint_of_another_model_stops_every_rank_with_one_line(tmp_path):
     assert len(lines) == 1 and "a checkpoint of another model (m.py)" in lines[0], proc.stderr[-3000:]
     # torchrun reports a failed worker with its own traceback; the program itself raised nothing.
     assert "program.py\", line" not in proc.stderr and "hapc_checkpoint.py\", line" not in proc.stderr
-
-
-# ---- replan ------------------------------------------------------------------------------------
-
-def _plan_file(directory: Path, model: str, plan: str) -> Path:
-    """plan.json of a SMALL model's plan on the small mixed cluster (4 devices)."""
-    from tests.runs import SMALL_MIXED, traced_small
-
-    import hapc
-
-    traced, path, small = traced_small(model)
-    if plan == "synth":
-        made = hapc.synthesize(traced, None, SMALL_MIXED, model_file=str(path), model_kwargs=small)
-    else:
-        made = hapc.baseline(traced, None, SMALL_MIXED, plan, model_file=str(path), model_kwargs=small)
-    made.save(directory / "plan.json")
-    return directory / "plan.json"
-
-
-@pytest.fixture(scope="module")
-def small_plan(tmp_path_factory):
-    return _plan_file(tmp_path_factory.mktemp("old"), "mlp", "dp-flops")
-
-
-def test_cluster_edits_renumber_ranks_and_slow_a_device():
-    from costmodel.cluster_edit import slowed, surviving_ranks, without_devices
-
-    eight = load_cluster(Path(__file__).resolve().parents[2] / "configs/clusters/hap-8gpu-v100x4-p100x4.yaml")
-    seven = without_devices(eight, [1])
-    assert seven.world == 7 and [d.index for d in seven.devices] == list(range(7))
-    assert [len(n.devices) for n in seven.nodes] == [3, 4] and seven.devices[3].type == "P100-16GB"
-    assert seven.devices[3].node == 1 and surviving_ranks(8, [1]) == [0, 2, 3, 4, 5, 6, 7, 8][:7]
-    assert [len(n.devices) for n in without_devices(eight, [0, 1, 2, 3]).nodes] == [4]
-    slow = slowed(eight, {5: 4.0})
-    assert slow.devices[5].peak_flops["fp32"] == pytest.approx(eight.devices[5].peak_flops["fp32"] / 4)
-    assert slow.devices[4] == eight.devices[4]
-
-
-def test_replan_drop_quick_keeps_the_program_on_three_devices(small_plan, tmp_path, capsys):
-    from hapc.plan.plan import Plan
-
-    out = tmp_path / "new"
-    assert cli_main(["replan", str(small_plan), "--drop", "1", "--quick", "-o", str(out), "-q", "--no-emit"]) == 0
-    said = capsys.readouterr().out
-    assert "replanned 4 -> 3 devices" in said and "the old program re-balanced" in said
-    old, new = Plan.load(small_plan), Plan.load(out / "plan.json")
-    assert new.cluster.world == 3 and new.search["replan"]["kept_program"] and new.search["replan"]["effort"] == "quick"
-    assert [s.node for s in new.program.steps if hasattr(s, "node")] == \
-        [s.node for s in old.program.steps if hasattr(s, "node")]
-
-
-def test_replan_searches_by_default_only_when_the_old_program_degraded(small_plan, tmp_path, capsys, monkeypatch):
-    import hapc.elastic.replan
-    from hapc.plan.plan import Plan
-
-    monkeypatch.setattr(hapc.elastic.replan, "DEGRADED", 10.0)      # nothing counts as degraded: no search
-    assert cli_main(["replan", str(small_plan), "--drop", "2", "-o", str(tmp_path / "a"), "--no-emit"]) == 0
-    assert "lost no more than the devices did" in capsys.readouterr().err
-    assert Plan.load(tmp_path / "a" / "plan.json").search["replan"]["effort"] == "quick"
-
-
-def test_replan_slow_moves_work_off_the_slowed_device(small_plan, tmp_path, capsys):
-    from hapc.plan.plan import Plan
-
-    out = tmp_path / "slow"
-    assert cli_main(["replan", str(small_plan), "--slow", "0=8", "--quick", "-o", str(out), "-q", "--no-emit"]) == 0
-    old, new = Plan.load(small_plan), Plan.load(out / "plan.json")
-    assert new.cluster.world == 4 and new.ratios[0] < 0.75 * old.ratios[0] and new.ratios[0] == min(new.ratios)
-    assert new.cluster.devices[0].peak_flops["fp32"] == pytest.approx(old.cluster.devices[0].peak_flops["fp32"] / 8)
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--drop", "9"], "--drop 9: the cluster has ranks 0..3"),
-    (["--slow", "1"], "--slow 1: expected RANK=FACTOR"),
-    (["--slow", "1=0"], "--slow 1=0: the factor must be positive"),
-    (["--drop", "0,1,2,3"], "--drop: that would leave no device"),
-])
-def test_replan_bad_changes_are_one_line_errors(small_plan, tmp_path, capsys, args, message):
-    assert cli_main(["replan", str(small_plan), *args, "-o", str(tmp_path / "x"), "-q"]) == 2
-    err = capsys.readouterr().err
-    assert message in err and len(err.strip().splitlines()) == 1
-
-
-def test_replan_needs_a_change(small_plan, tmp_path, capsys):
-    with pytest.raises(SystemExit) as exc:
-        cli_main(["replan", str(small_plan), "-o", str(tmp_path / "x")])
-    assert exc.value.code == 2 and "give the change" in capsys.readouterr().err
-
-
-@pytest.mark.slow
-def test_replan_after_a_lost_device_resumes_the_loss_curve(tmp_path, capsys):
-    """The README demo as a test: 4 ranks, drop one, replan (one search; no worse than keeping
-    the old program), resume on 3 from the checkpoint, continue one device's losses."""
-    from hapc.plan.plan import Plan
-
-    old_file = _plan_file(tmp_path, "gpt", "synth")
-    old = Plan.load(old_file)
-    old_program = old.emit(tmp_path / "old")
-    new_dir, quick = tmp_path / "new", tmp_path / "quick"
-    assert cli_main(["replan", str(old_file), "--drop", "3", "--search", "-o", str(new_dir), "-q"]) == 0
-    assert cli_main(["replan", str(old_file), "--drop", "3", "--quick", "-o", str(quick), "-q", "--no-emit"]) == 0
-    new = Plan.load(new_dir / "plan.json")
-    assert new.search["replan"]["effort"] == "search" and new.cluster.world == 3
-    assert "WORLD = 3" in (new_dir / "program.py").read_text() and (new_dir / "hapc_checkpoint.py").exists()
-    assert new.cost <= Plan.load(quick / "plan.json").cost * (1 + 1e-9)
-    ck = tmp_path / "ck"
-    got = _run_ok(torchrun(old_program, 4, "--steps", "2", "--save", str(ck)))
-    got |= _run_ok(torchrun(new_dir / "program.py", 3, "--steps", "2", "--load", str(ck)))
-    losses, _ = single_device_run(old_program, 4)
-    assert sorted(got) == [1, 2, 3, 4]
-    assert max(abs(got[i + 1] - losses[i]) for i in range(4)) <= TOLERANCE, (got, losses)
-
-
-# ---- straggler report --------------------------------------------------------------------------
-
-def test_timings_split_blocked_time_into_comm_and_idle():
-    from hapc.runtime.timings import split
-
-    # Rank 1 computed 0.3 s longer: rank 0 idled that long of its 0.4 s blocked, the rest was comm.
-    (c0, m0, i0), (c1, m1, i1) = split([1.0, 1.0], [0.4, 0.1])
-    assert (c0, c1) == pytest.approx((0.6, 0.9)) and (i0, m0) == pytest.approx((0.3, 0.1))
-    assert (i1, m1) == pytest.approx((0.0, 0.1))
-
-
-def test_speeds_within_noise_count_as_equal_and_a_straggler_stands_out():
-    from hapc.elastic.straggler import rank_speeds
-
-    predicted = [0.1, 0.1, 0.1, 0.1]
-    samples = {0: [0.100, 0.104, 0.098], 1: [0.150, 0.102, 0.130],    # identical devices, noisy
-               2: [0.120, 0.101, 0.110], 3: [0.300, 0.310, 0.295]}   # rank 3 is three times slower
-    speeds = rank_speeds(samples, predicted)
-    assert speeds[0].group == speeds[1].group == speeds[2].group == (0, 1, 2)
-    assert speeds[0].slowdown == speeds[1].slowdown == 1.0
-    assert speeds[3].group == (3,) and speeds[3].slowdown == pytest.approx(0.300 / 0.104, rel=0.1)
-
-
-def test_replan_measured_gives_the_straggler_less_work(small_plan, tmp_path, capsys):
-    from hapc.plan.plan import Plan
-
-    old = Plan.load(small_plan)
-    log = tmp_path / "run.log"
-    lines = []
-    for step in range(1, 5):
-        for r, predicted in enumerate(old.sim.compute_seconds):
-            factor = 3.0 if r == 1 else 1.0 + 0.01 * ((step + r) % 3)
-            lines.append(f"timing step {step} rank {r} compute_s {predicted * factor:.9f} comm_s 0 idle_s 0")
-    log.write_text("step 1 loss 2.0 time 0.1\n" + "\n".join(lines) + "\n")
-    out = tmp_path / "m"
-    assert cli_main(["replan", str(small_plan), "--measured", str(log), "--quick", "-o", str(out), "--no-emit"]) == 0
-    err = capsys.readouterr().err
-    assert re.search(r"ranks 1: 2\.9\dx slower", err) and "ranks 0,2,3: the fastest" in err
-    new = Plan.load(out / "plan.json")
-    assert new.ratios[1] < old.ratios[1] and new.ratios[1] == min(new.ratios)
-    empty = tmp_path / "empty.log"
-    empty.write_text("step 1 loss 2.0\n")
-    assert cli_main(["replan", str(small_plan), "--measured", str(empty), "-o", str(out), "-q"]) == 2
-    assert "run the program with --timings" in capsys.readouterr().err
-
-
-def test_profile_splits_devices_only_on_differences_beyond_their_spread():
-    from profiler.clusterfile import group_ranks
-    from profiler.timing import relative_spread
-
-    def core(gflops: float, spread: float) -> dict:
-        return {"name": "cpu", "peak_flops": {"fp32": gflops * 1e9}, "hbm_bandwidth_Bps": 10e9, "flops_spread": spread}
-
-    assert relative_spread([1.0, 1.2, 1.4]) == pytest.approx(0.2 / 1.2)
-    # The issue's two identical cores, measured 31.7 and 46.6 GFLOPS with +-20% window spreads: one kind.
-    assert group_ranks([core(31.7, 0.2), core(46.6, 0.2)]) == [[0, 1]]
-    # The same figures measured steadily (+-1%): told apart.
-    assert group_ranks([core(31.7, 0.01), core(46.6, 0.01)]) == [[0], [1]]
-    # Old profiles without a spread keep the 15% rule.
-    plain = [{k: v for k, v in core(g, 0).items() if k != "flops_spread"} for g in (40.0, 44.0, 60.0)]
-    assert group_ranks(plain) == [[0, 1], [2]]
-
-
-def test_a_checkpoint_of_another_optimizer_is_refused(tmp_path):
-    _save(tmp_path)                           # AdamW
-    fresh, params, _, held = _trained_linear(seed=1)
-    sgd = torch.optim.SGD(params.values(), lr=0.1, momentum=0.9)
-    before = {k: p.detach().clone() for k, p in params.items()}
-    with pytest.raises(K.CheckpointError, match="saved by another optimizer"):
-        K.load(tmp_path, held, fresh, sgd, params)
-    assert all(torch.equal(before[k], p) for k, p in params.items())     # nothing half-loaded
-
-
-@pytest.mark.slow
-def test_timings_of_a_real_run_feed_replan_measured(tmp_path, capsys):
-    """Four gloo ranks print per-rank timings; replan reads that log (on one loaded machine the
-    ranks' speeds are whatever the scheduler gave them, so only the plumbing is asserted)."""
-    from hapc.plan.plan import Plan
-
-    plan_file = _plan_file(tmp_path, "mlp", "dp-flops")
-    program = Plan.load(plan_file).emit(tmp_path / "prog")
-    proc = torchrun(program, 4, "--steps", "4", "--timings")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("timing step ")]
-    assert len(lines) == 16 and {ln.split()[4] for ln in lines} == {"0", "1", "2", "3"}
-    for ln in lines:                 # compute + comm + idle are the rank's step, none negative
-        assert all(float(x) >= 0 for x in ln.split()[6::2])
-    log = tmp_path / "run.log"
-    log.write_text(proc.stdout)
-    out = tmp_path / "m"
-    assert cli_main(["replan", str(plan_file), "--measured", str(log), "--quick", "-o", str(out), "--no-emit"]) == 0
-    assert "the fastest" in capsys.readouterr().err
-    assert Plan.load(out / "plan.json").cluster.world == 4
