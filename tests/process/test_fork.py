@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from hapc.process.fork import Beside, BesideEach, Child, send, spare_core, unpickled
+from hapc.process.fork import Beside, BesideEach, Child, send, unpickled
+from tests.process.forking import child_forks  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---- one job beside (Beside) ------------------------------------------------------------------
 
+@pytest.mark.usefixtures("child_forks")
 def test_a_job_beside_runs_in_a_child_and_returns_its_value():
-    if not spare_core():
-        pytest.skip("one core (or HAPC_SERIAL): jobs run in this process")
     parent = os.getpid()
     got = Beside(lambda: (os.getpid(), [1.5, {"x": (2, 3)}])).result()
     assert got[0] != parent and got[1] == [1.5, {"x": (2, 3)}]
@@ -35,9 +35,8 @@ def test_a_job_beside_runs_here_when_serial_and_its_errors_surface_here(monkeypa
     assert Beside(os.getpid).result() == os.getpid()
 
 
+@pytest.mark.usefixtures("child_forks")
 def test_a_job_beside_that_is_not_wanted_is_stopped_and_reaped():
-    if not spare_core():
-        pytest.skip("one core (or HAPC_SERIAL): nothing runs until asked")
     job = Beside(lambda: time.sleep(60))
     pid = job.pid
     started = time.perf_counter()
@@ -47,9 +46,8 @@ def test_a_job_beside_that_is_not_wanted_is_stopped_and_reaped():
         os.waitpid(pid, 0)
 
 
+@pytest.mark.usefixtures("child_forks")
 def test_a_job_beside_says_when_its_result_is_ready():
-    if not spare_core():
-        pytest.skip("one core (or HAPC_SERIAL): nothing runs until asked")
     job = Beside(lambda: time.sleep(0.5) or "done")
     assert job.forked and not job.ready()          # the child is still sleeping
     deadline = time.perf_counter() + 30
@@ -60,9 +58,8 @@ def test_a_job_beside_says_when_its_result_is_ready():
 
 # ---- jobs one after another beside, each result sent when made (BesideEach) -----------------------
 
+@pytest.mark.usefixtures("child_forks")
 def test_jobs_beside_come_back_one_by_one_as_each_is_made():
-    if not spare_core():
-        pytest.skip("one core (or HAPC_SERIAL): jobs run in this process")
     parent = os.getpid()
     jobs = BesideEach([lambda: (os.getpid(), "x" * 300_000), lambda: time.sleep(0.5) or "second"])
     child, big = jobs.result(0)
@@ -91,9 +88,8 @@ def test_a_job_that_fails_in_the_child_runs_here_with_the_ones_after_it(monkeypa
     assert serial.result(1) == 1 and ran == [0, 1]
 
 
+@pytest.mark.usefixtures("child_forks")
 def test_a_child_that_leaves_by_itself_within_the_grace_is_reaped_not_killed():
-    if not spare_core():
-        pytest.skip("one core (or HAPC_SERIAL): nothing runs until asked")
     jobs = BesideEach([lambda: os._exit(0)])        # gone without sending anything
     pid = jobs.pid
     jobs.cancel_after(10)

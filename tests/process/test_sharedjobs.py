@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from hapc.process.fork import spare_core
 from hapc.process.sharedjobs import SharedJobs
+from tests.process.forking import child_forks  # noqa: F401 (a fixture)
 
 
 def _job(i: int, seconds: float = 0.0):
@@ -19,9 +19,8 @@ def _job(i: int, seconds: float = 0.0):
     return run
 
 
+@pytest.mark.usefixtures("child_forks")
 def test_results_come_back_in_order_from_both_ends():
-    if not spare_core():
-        pytest.skip("one core: no child")
     jobs = SharedJobs([_job(i, 0.05) for i in range(8)])
     assert jobs.forked
     time.sleep(0.3)                         # this process is busy elsewhere meanwhile
@@ -51,9 +50,8 @@ def test_serial_and_failing_children_give_the_same_results(monkeypatch):
     assert not serial.forked and [r["job"] for r in serial.results()] == [0, 1, 2]
 
 
+@pytest.mark.usefixtures("child_forks")
 def test_cancel_stops_the_child_and_removes_its_files():
-    if not spare_core():
-        pytest.skip("one core: no child")
     jobs = SharedJobs([_job(i, 0.5) for i in range(4)])
     folder, pid = jobs._folder, jobs.pid
     assert os.path.isdir(folder)
@@ -66,11 +64,10 @@ def test_cancel_stops_the_child_and_removes_its_files():
     assert not os.path.exists(f"/proc/{pid}")
 
 
+@pytest.mark.usefixtures("child_forks")
 def test_work_waiting_for_the_child_gets_each_result_once_by_its_place():
     """``results(while_waiting=...)``: called when this process would wait for the child's
     current job, with the results come since the last call, keyed by their place in the list."""
-    if not spare_core():
-        pytest.skip("one core: no child")
     parent = os.getpid()
 
     def slow_in_child(i: int):
@@ -89,9 +86,8 @@ def test_work_waiting_for_the_child_gets_each_result_once_by_its_place():
     assert all(fresh[at] is out[at] for fresh in handed for at in fresh)
 
 
+@pytest.mark.usefixtures("child_forks")
 def test_a_failing_waiting_work_stops_the_child_and_removes_its_files():
-    if not spare_core():
-        pytest.skip("one core: no child")
     parent = os.getpid()
 
     def slow_in_child():
