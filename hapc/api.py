@@ -122,7 +122,6 @@ def _synthesize(traced: Traced, cluster: str | Mapping[str, Any] | Cluster, from
                   "distinct_segments": best.search.distinct_segments,
                   "states_expanded": best.search.states_expanded, "rounds": len(result.rounds)}
     baselines = {k: c.seconds for k, c in result.baselines.items()}
-    shortfall = {k: max(c.sim.memory.missing_bytes()) for k, c in result.baselines.items() if not c.fits}
     pipeline = None
     if stages is not None and stages != 1:
         one_stage = best.seconds if best.fits else float("inf")
@@ -135,7 +134,7 @@ def _synthesize(traced: Traced, cluster: str | Mapping[str, Any] | Cluster, from
         from_file.keep_strategies(graph, numerics.name)      # the next hit searches without the rules
     return Plan(best.program, cl, best.sim, "hapc" if pipeline is not None else best.name, baselines, search,
                 _model_info(model_file, model_kwargs, optimizer), _assumed(numerics, cl), pipeline,
-                baseline_shortfall=shortfall)
+                baseline_shortfall=result.baseline_shortfall)
 
 
 def _trace_file(path: str | os.PathLike, kwargs: Mapping[str, Any], cluster: str | Mapping[str, Any] | Cluster,

@@ -57,12 +57,6 @@ class LossSplit:
     # linear ops after them): their constants must not change with the batch size.
     summed: tuple[str, ...] = ()
 
-    def describe(self) -> str:
-        if self.kind == COUNT:
-            return f"a mean over counted targets ({self.node}): micro-batch k weighs count_k / total count"
-        return "a mean over the batch: each micro-batch weighs 1/m" if self.kind == MEAN else \
-            "a sum over the batch: each micro-batch weighs 1"
-
 
 class MicroBatchingRefused(UserError):
     """The model's samples are coupled, so micro-batches would compute another loss."""
@@ -101,7 +95,7 @@ def loss_split(graph: Graph, batch: int | None = None) -> LossSplit:
             continue
         strategy = _per_sample_strategy(graph, node, refs, held, batch)
         if strategy is None:
-            raise MicroBatchingRefused(_why(graph, node, held))
+            raise MicroBatchingRefused(_why(node, held))
         summed = frozenset().union(*(h.kinds for h in held if isinstance(h, _Summed)))
         for out, lay in zip(node.outputs, strategy.outputs):
             if isinstance(lay, Shard):
@@ -198,7 +192,7 @@ def _kind_text(kind: tuple[str, str | None]) -> str:
         kind[0], f"a mean over the counted targets of {kind[1]}")
 
 
-def _why(graph: Graph, node: Node, held: list[_Batch | _Summed | None]) -> str:
+def _why(node: Node, held: list[_Batch | _Summed | None]) -> str:
     where = f" at {node.source}" if node.source else ""
     if any(isinstance(h, _Summed) for h in held) and any(isinstance(h, _Batch) for h in held):
         what = "uses a statistic of the whole batch (a sum or mean over its samples) on each sample"

@@ -64,6 +64,11 @@ class Synthesis:
     def speedups(self) -> dict[str, float]:
         return {k: c.seconds / self.best.seconds for k, c in self.baselines.items()}
 
+    @property
+    def baseline_shortfall(self) -> dict[str, float]:
+        """Baselines that do not fit: name -> bytes missing on the device short of most."""
+        return {k: max(c.sim.memory.missing_bytes()) for k, c in self.baselines.items() if not c.fits}
+
 
 def synthesize_program(graph: Graph, cluster: Cluster, *, time_budget: float | None = None,
                        optimizer: str | int = "adamw", max_rounds: int = 6, backend: str = "highs",

@@ -69,11 +69,11 @@ def _traced_micro_batch(plan: Plan, rows: int) -> MicroTrace:
     traced = _trace(mf, inputs, run_device(plan.cluster))
     graph = autocast_graph(traced.graph, plan.precision.name)
     _check_same_structure(plan.graph, graph, batch, rows)
-    split = loss_split_of(graph, plan.pipeline.microbatches)
+    split = loss_split_of(plan.graph, plan.pipeline.microbatches)    # the same nodes in both graphs
     if plan.pipeline.microbatches > 1:
         from synth.microbatching import check_batch_constants
 
-        check_batch_constants(plan.graph, graph, loss_split_of(plan.graph, plan.pipeline.microbatches))
+        check_batch_constants(plan.graph, graph, split)
     return MicroTrace(graph, traced.constants, split.kind, rows,
                       _record(plan.graph, graph, rows, split.kind, split.node), split.node)
 
@@ -159,28 +159,20 @@ def _described(name: str, graph: Graph) -> str:
     return f"{name} ({made}, {graph.values[name].meta})"
 
 
-def uses_dropout(graph: Graph) -> bool:
-    """Whether any dropout (or attention dropout) of the graph drops with p > 0, or any other
-    random op draws (hapc_random_ops: rand, bernoulli, ...)."""
-    return bool(drawing_nodes(graph))
-
-
 def drawing_nodes(graph: Graph) -> list[tuple[str, str]]:
     """(op, node) of every node that draws random numbers, in graph order: random ops, dropout
     with p > 0 in training, attention with dropout; what ``--verify``'s one-device reference
     replays, one call each (a pipeline's ranks run them once per micro-batch)."""
-    out = []
-    for node in graph.nodes:
-        draws = node.op in runtime_facts.random_ops()
-        if node.op == "aten.dropout.default":
-            p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
-            train = node.kwargs.get("train", node.args[2] if len(node.args) > 2 else True)
-            draws = bool(train and p)
-        if node.op == "aten.scaled_dot_product_attention.default":
-            draws = bool(node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4 else 0.0))
-        if draws:
-            out.append((node.op, node.name))
-    return out
+    return [(node.op, node.name) for node in graph.nodes if _draws(node)]
+
+
+def _draws(node: Node) -> bool:
+    if node.op == "aten.dropout.default":
+        p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
+        return bool(node.kwargs.get("train", node.args[2] if len(node.args) > 2 else True) and p)
+    if node.op == "aten.scaled_dot_product_attention.default":
+        return bool(node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4 else 0.0))
+    return node.op in runtime_facts.random_ops()
 
 
 def micro_batch_dims(whole: Graph, micro: Graph, m: int) -> dict[str, int]:
@@ -188,12 +180,12 @@ def micro_batch_dims(whole: Graph, micro: Graph, m: int) -> dict[str, int]:
     whole batch's shape is ``m`` times the micro-batch's). Its micro-batches draw their rows of
     the whole batch's draw; a node without the batch draws the same in every micro-batch."""
     out = {}
-    for _, name in drawing_nodes(micro):
-        node = micro.node(name)
-        small, big = micro.meta(node.outputs[0]).shape, whole.meta(node.outputs[0]).shape
-        dims = [d for d, (a, b) in enumerate(zip(small, big)) if a != b and a * m == b]
-        if dims:
-            out[name] = dims[0]
+    for node in micro.nodes:
+        if _draws(node):
+            small, big = micro.meta(node.outputs[0]).shape, whole.meta(node.outputs[0]).shape
+            dims = [d for d, (a, b) in enumerate(zip(small, big)) if a != b and a * m == b]
+            if dims:
+                out[node.name] = dims[0]
     return out
 
 
@@ -205,8 +197,3 @@ def loss_split_of(graph: Graph, microbatches: int) -> Any:
     from synth.microbatching import LossSplit, loss_split
 
     return LossSplit("mean") if microbatches == 1 else loss_split(graph)
-
-
-def loss_reduction(graph: Graph, microbatches: int = 2) -> str:
-    """:func:`loss_split_of`'s kind: ``"mean"``, ``"sum"`` or ``"count"``."""
-    return loss_split_of(graph, microbatches).kind

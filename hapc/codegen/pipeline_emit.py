@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from hapc.codegen import emitter
 from hapc.errors import UserError
 from hapc.codegen.micro_graph import (  # noqa: F401 - re-exported: this module's interface before the split
-    MicroTrace, drawing_nodes, loss_reduction, loss_split_of, micro_batch_dims, micro_batch_graph, uses_dropout)
+    MicroTrace, drawing_nodes, loss_split_of, micro_batch_dims, micro_batch_graph)
 from hapc.ir.graph import Graph, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute
@@ -246,7 +246,6 @@ def _globals(plan: Plan, graph: Graph, model_name: str, pipe: Any, holders: dict
                       {p: tuple(ks) for p, ks in holders.items() if len(ks) > 1}),
         "# The nodes that draw random numbers (dropout, rand, ...), in graph order: a micro-batch draws its",
         "# rows of the whole batch's draw (STAGES' random_batch_dims), which --verify's reference replays.",
-        f"PIPELINE_DROPOUT = {uses_dropout(graph)!r}",
         f"RANDOM_NODES: tuple[tuple[str, str], ...] = {tuple(drawing_nodes(graph))!r}",
         "# One-stage tables the skeleton's helpers read (a pipeline's live in STAGES).",
         "SHARDS: dict[str, tuple[int, tuple[int, ...]]] = {}",
@@ -330,7 +329,7 @@ def _stage_table(k: int, code: _StageCode, crossing: list[list[str]], codes: lis
 
 def _loss_lines(graph: Graph, reduction: str, count: dict[str, Any] | None, m: int) -> list[str]:
     """The globals that say how the step adds up its micro-batches' losses (see
-    :func:`loss_reduction`)."""
+    :func:`loss_split_of`)."""
     if count is not None:
         return ["# The model's loss is a mean over counted targets (ignored ids and class weights change the",
                 "# count, which depends on the data): each micro-batch's loss weighs its count, and the step",
@@ -419,5 +418,5 @@ def _copy_files(model_file: str, out: Path, graph: Graph, constants: dict | None
     return model_name, emitter.save_constants(out, graph, constants)
 
 
-__all__ = ["MicroTrace", "emit_pipeline", "loss_reduction", "loss_split_of", "micro_batch_graph", "on_graph",
+__all__ = ["MicroTrace", "emit_pipeline", "loss_split_of", "micro_batch_graph", "on_graph",
            "render_pipeline"]

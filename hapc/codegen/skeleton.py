@@ -149,10 +149,11 @@ class Rank:
             dim = batch_dims.get(name)
             if dim is not None and outs_info:
                 micro_shape = shapes[0]
-                whole, piece = R.micro_batch_view(micro_shape, outs_info[0], dim, index, count)
+                whole, piece = R.micro_batch_view(micro_shape, outs_info[0], dim, index, count, L.ShardInfo)
                 shapes, outs_info = (whole, *shapes[1:]), (piece, *outs_info[1:])
                 if ins_info:    # attention dropout cuts its mask as its queries, whose leading dims these are
-                    ins_info = (R.micro_batch_view(micro_shape, ins_info[0], dim, index, count)[1], *ins_info[1:])
+                    ins_info = (R.micro_batch_view(micro_shape, ins_info[0], dim, index, count, L.ShardInfo)[1],
+                                *ins_info[1:])
             return L.RankCtx(self.rank, world, name, op, ins_info, outs_info, shapes, self.seed, True)
         return L.RankCtx(self.rank, world, name, op, ins_info, outs_info, shapes, self.seed, world > 1)
 

@@ -443,7 +443,7 @@ def _replan(old: Plan, cluster: Cluster, survivors: Sequence[int] | None, effort
         result = synthesize_program(graph, cluster, optimizer=optimizer, progress=say)
         candidates["searched"] = _Candidate("searched", result.best.program, result.best.sim)
         baselines = {k: c.seconds for k, c in result.baselines.items()}
-        shortfall = {k: max(c.sim.memory.missing_bytes()) for k, c in result.baselines.items() if not c.fits}
+        shortfall = result.baseline_shortfall
         counts.searches += result.searches
         if result.best.search is not None:
             info = dict(_search_info(result.best.search), rounds=len(result.rounds))

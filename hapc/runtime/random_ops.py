@@ -102,30 +102,20 @@ def along(piece: Any, dim: int) -> Any:
     return None
 
 
-def micro_batch_view(shape: Sequence[int], piece: Any, dim: int, index: int, count: int) -> tuple[tuple[int, ...], Any]:
+def micro_batch_view(shape: Sequence[int], piece: Any, dim: int, index: int, count: int,
+                     piece_type: Callable[..., Any]) -> tuple[tuple[int, ...], Any]:
     """A pipeline's micro-batch ``index`` of ``count`` as a piece of the whole batch: the global
     ``shape`` with its batch ``dim`` ``count`` times longer, and ``piece`` (this rank's, in the
     micro-batch) moved to the micro-batch's rows, so a micro-batch draws exactly the rows of
-    the whole batch's draw (what ``--verify``'s one-device reference replays)."""
+    the whole batch's draw (what ``--verify``'s one-device reference replays). ``piece_type``
+    makes the moved piece: the local ops' ShardInfo (dim, offset, length, global length)."""
     rows = int(shape[dim])
     whole = tuple(int(s) * (count if d == dim else 1) for d, s in enumerate(shape))
-    start = index * rows
     on_dim = along(piece, dim)
-    moved = _Rows(dim, start + on_dim.offset, on_dim.length, whole[dim]) if on_dim is not None else \
-        _Rows(dim, start, rows, whole[dim])
+    offset, length = (on_dim.offset, on_dim.length) if on_dim is not None else (0, rows)
+    moved = piece_type(dim, index * rows + offset, length, whole[dim])
     others = tuple(p for p in (piece if isinstance(piece, tuple) else (piece,)) if p is not None and p.dim != dim)
     return whole, (moved, *others) if others else moved
-
-
-@dataclass(frozen=True)
-class _Rows:
-    """Rows of the whole batch along its dimension: a ShardInfo's fields (that class lives in
-    the local ops' file, which this one does not read)."""
-
-    dim: int
-    offset: int
-    length: int
-    global_length: int
 
 
 def hashed_bits(node: str, step_seed: int, shape: Sequence[int], piece: Any = None,

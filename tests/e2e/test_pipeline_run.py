@@ -16,6 +16,7 @@ from hapc.errors import UserError
 from hapc.runtime.pipeline import BACKWARD, FORWARD, schedule_order
 
 from tests.e2e.pipeline_plans import forced_pipeline
+from tests.runs import step_losses
 
 REPO = Path(__file__).resolve().parents[2]
 GPT = REPO / "configs" / "models" / "gpt.py"
@@ -107,7 +108,7 @@ def test_emitted_tables_describe_each_stage_at_micro_batch_shapes(three_stage_pr
     # Every parameter is held by a stage; the LM head tied to the embedding by the first and last.
     assert set(program.PARAM_OWNER) == set(program.PARAMS)
     assert program.SHARED_PARAMS == {"p_tok_weight": (0, 2)}
-    assert program.PIPELINE_DROPOUT is False
+    assert program.RANDOM_NODES == ()                # nothing drawn: no dropout in TINY
     assert [program.STAGE_FORWARDS[k].__name__ for k in range(3)] == ["stage_0", "stage_1", "stage_2"]
 
 
@@ -135,7 +136,7 @@ def test_how_micro_batch_losses_add_up_is_read_from_the_graph():
     import torch
     import torch.nn.functional as F
 
-    from hapc.codegen.pipeline_emit import loss_reduction
+    from hapc.codegen.pipeline_emit import loss_split_of
     from hapc.frontend.tracer import trace
 
     class Tiny(torch.nn.Module):
@@ -149,17 +150,17 @@ def test_how_micro_batch_losses_add_up_is_read_from_the_graph():
             return F.cross_entropy(self.lin(x), y, reduction=self.reduction)
 
     x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
-    assert loss_reduction(trace(Tiny("mean"), (x, y)).graph) == "count"     # ignored labels change the divisor
-    assert loss_reduction(trace(Tiny("sum"), (x, y)).graph) == "sum"
-    assert loss_reduction(trace(Tiny("mse"), (x, y)).graph) == "mean"
-    assert loss_reduction(trace(Tiny("mean"), (x, y)).graph, microbatches=1) == "mean"
+    assert loss_split_of(trace(Tiny("mean"), (x, y)).graph, 2).kind == "count"     # ignored labels change the divisor
+    assert loss_split_of(trace(Tiny("sum"), (x, y)).graph, 2).kind == "sum"
+    assert loss_split_of(trace(Tiny("mse"), (x, y)).graph, 2).kind == "mean"
+    assert loss_split_of(trace(Tiny("mean"), (x, y)).graph, 1).kind == "mean"
 
 
-def test_dropout_is_found_so_that_verify_can_refuse_it():
+def test_drawing_nodes_are_found_so_that_verify_can_replay_them():
     import torch
     import torch.nn.functional as F
 
-    from hapc.codegen.pipeline_emit import uses_dropout
+    from hapc.codegen.pipeline_emit import drawing_nodes
     from hapc.frontend.tracer import trace
 
     class Tiny(torch.nn.Module):
@@ -171,8 +172,8 @@ def test_dropout_is_found_so_that_verify_can_refuse_it():
             return F.cross_entropy(self.drop(self.lin(x)), y)
 
     x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
-    assert uses_dropout(trace(Tiny(0.1).train(), (x, y)).graph)
-    assert not uses_dropout(trace(Tiny(0.0).train(), (x, y)).graph)
+    assert drawing_nodes(trace(Tiny(0.1).train(), (x, y)).graph)
+    assert not drawing_nodes(trace(Tiny(0.0).train(), (x, y)).graph)
 
 
 # ---- real runs on gloo ranks -----------------------------------------------------------------------
@@ -263,8 +264,8 @@ def test_micro_batched_losses_add_up_to_the_whole_batchs(tmp_path, loss, cluster
     assert "verify: ok" in outs[0], outs[0][-2000:]
 
 
-def _losses(outs: list[str]) -> list[str]:
-    return [line.split()[3] for line in outs[0].splitlines() if line.startswith("step ") and " loss " in line]
+def _losses_of(outs: list[str]) -> list[float]:
+    return list(step_losses(outs[0]).values())
 
 
 @pytest.mark.slow
@@ -279,11 +280,11 @@ def test_pipelined_checkpoints_resume_exactly_under_either_plan(tmp_path):
     pipe = _emit(forced_pipeline(GPT, cfg, THREE_NODES, [(0,), (1, 2), (3, 4, 5)], [0.3, 0.6], 2,
                                  group_program="dp-flops"), tmp_path / "pipe")
     one = Path(hapc.synthesize(str(GPT), None, str(THREE_NODES), model_kwargs=cfg).emit(tmp_path / "one"))
-    straight = _losses(_launch(pipe, [1, 2, 3], "--steps", "4"))
+    straight = _losses_of(_launch(pipe, [1, 2, 3], "--steps", "4"))
     for first, then in ((pipe, pipe), (pipe, one), (one, pipe)):
         saved = tmp_path / f"ck-{first.parent.name}-{then.parent.name}"
-        assert _losses(_launch(first, [1, 2, 3], "--steps", "2", "--save", str(saved))) == straight[:2]
-        assert _losses(_launch(then, [1, 2, 3], "--steps", "2", "--load", str(saved))) == straight[2:], \
+        assert _losses_of(_launch(first, [1, 2, 3], "--steps", "2", "--save", str(saved))) == straight[:2]
+        assert _losses_of(_launch(then, [1, 2, 3], "--steps", "2", "--load", str(saved))) == straight[2:], \
             (first.parent.name, then.parent.name)
 
 

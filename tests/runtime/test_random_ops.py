@@ -224,7 +224,7 @@ def test_a_micro_batch_draws_its_rows_of_the_whole_batchs_draw(shape, dim, count
     whole_draw = hashed_bits("node", 11, shape)
     for i in range(count):
         info = None if piece is None else ShardInfo(piece[0], piece[1], piece[2], micro[piece[0]])
-        whole, moved = micro_batch_view(micro, info, dim, i, count)
+        whole, moved = micro_batch_view(micro, info, dim, i, count, ShardInfo)
         assert whole == tuple(shape)
         expected = whole_draw.narrow(dim, i * rows, rows)
         if info is not None:
