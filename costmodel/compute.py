@@ -110,6 +110,17 @@ def lower_bound_seconds(graph: Graph, cluster: Cluster) -> float:
     proportion to speed, with no memory traffic, launch latency or communication. The
     per-node division keeps the bound valid when efficiencies differ per class.
     """
+    return _spread_seconds(graph, cluster, at_peak=False)
+
+
+def peak_seconds(graph: Graph, cluster: Cluster) -> float:
+    """The step's FLOPs at the cluster's summed *peak* (no efficiency factor), each node at the
+    peak of its dtype: over a plan's step time, its model-FLOPs utilisation (MFU), the figure
+    Megatron-LM and PaLM report (40-55% for large LLMs on A100s)."""
+    return _spread_seconds(graph, cluster, at_peak=True)
+
+
+def _spread_seconds(graph: Graph, cluster: Cluster, at_peak: bool) -> float:
     total = 0.0
     peak_sum: dict[str, float] = {}      # the cluster's summed peak per dtype, once each
     for node in graph.nodes:
@@ -120,6 +131,6 @@ def lower_bound_seconds(graph: Graph, cluster: Cluster) -> float:
         dtype = peak_dtype(node, graph, cluster.allow_tf32)
         if dtype not in peak_sum:
             peak_sum[dtype] = sum(d.flops(dtype) for d in cluster.devices)
-        cluster_flops = peak_sum[dtype] * cluster.efficiency[cls]
+        cluster_flops = peak_sum[dtype] * (1.0 if at_peak else cluster.efficiency[cls])
         total += flops / cluster_flops
     return total

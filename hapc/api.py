@@ -96,21 +96,22 @@ def _synthesize(traced: Traced, cluster: str | Mapping[str, Any] | Cluster, from
                 model_kwargs: Mapping[str, Any] | None, progress: Callable[[str], None] | None,
                 precision: str, stages: int | str | None, microbatches: int | None,
                 schedule: str | None) -> Plan:
-    from synth.synthesize import raise_memory, synthesize_program
+    from synth.synthesize import synthesize_program
 
     cl = load_cluster(cluster)
     numerics = _precision(precision, cl)
-    if stages is not None:
-        _check_stage_options(traced, stages, microbatches, schedule)      # before any search
+    if stages is not None or microbatches is not None or schedule is not None:
+        _check_stage_options(traced, 1 if stages is None else stages, microbatches, schedule)   # before any search
     graph = autocast_graph(traced.graph, numerics.name)
     if isinstance(traced, CachedTrace):
         traced.install_strategies(graph, numerics.name)    # the search then needs no sharding rules
-    planner = _stage_planner(graph, cl, optimizer, progress) if stages is not None and stages != 1 else None
+    staged = stages is not None and stages != 1
+    planner = _stage_planner(graph, cl, optimizer, progress) if staged else None
     try:
-        # With stages to try, a one-stage program that does not fit is no error yet: pipelines
-        # hold a share of the layers per device and may fit where one stage does not.
+        # A one-stage program that does not fit is no error yet: gradient accumulation holds one
+        # micro-batch's activations, and pipelines a share of the layers per device.
         result = synthesize_program(graph, cl, time_budget=time_budget, optimizer=optimizer,
-                                    backend=backend, progress=progress, require_fit=planner is None)
+                                    backend=backend, progress=progress, require_fit=False)
     except BaseException:
         if planner is not None:
             planner.close()                  # stops the child start_groups began
@@ -123,13 +124,22 @@ def _synthesize(traced: Traced, cluster: str | Mapping[str, Any] | Cluster, from
                   "states_expanded": best.search.states_expanded, "rounds": len(result.rounds)}
     baselines = {k: c.seconds for k, c in result.baselines.items()}
     pipeline = None
-    if stages is not None and stages != 1:
+    if staged:
         one_stage = best.seconds if best.fits else float("inf")
         pipeline = _pipeline(planner, stages, microbatches, schedule, baselines, one_stage)
         if pipeline is not None and stages == "auto" and pipeline.iteration_seconds >= one_stage:
             pipeline = None        # one stage over all devices is still the fastest
+    levers = ["sharding", "uneven shares"] + (["pipeline stages"] if staged else [])
+    forced_accumulation = not staged and microbatches is not None and microbatches > 1
+    if forced_accumulation or (_memory_binds(result) and stages in (None, 1, "auto")):
+        before = pipeline
+        pipeline, tried = _accumulated(planner, graph, cl, optimizer, progress, best.program, microbatches, pipeline)
+        levers.append(tried)
+        if pipeline is not before and not forced_accumulation and best.fits and \
+                pipeline.iteration_seconds >= best.seconds:
+            pipeline = before          # accumulating costs more than the memory it frees gains
     if not best.fits and pipeline is None:
-        raise_memory(best, cl, optimizer, backend)
+        _raise_memory(best, cl, optimizer, backend, levers)
     if from_file is not None and pipeline is None:
         from_file.keep_strategies(graph, numerics.name)      # the next hit searches without the rules
     return Plan(best.program, cl, best.sim, "hapc" if pipeline is not None else best.name, baselines, search,
@@ -211,6 +221,52 @@ def _pipeline(planner, stages: int | str, microbatches: int | None, schedule: st
     if pipe is None and forced is not None:
         raise UserError(f"--stages {forced}: no {forced}-stage pipeline fits in memory on this cluster")
     return pipe
+
+
+def _memory_binds(result: Any) -> bool:
+    """Whether memory shapes the best one-stage plan of ``result`` (a
+    :class:`synth.synthesize.Synthesis`): it does not fit, or the search or a baseline found a
+    faster plan that did not fit (the share LP moved work for memory's sake, or sharded
+    parameter storage was chosen for it), which gradient accumulation might run in less memory."""
+    best = result.best
+    return not best.fits or any(not r["fits"] and r["seconds"] < best.seconds for r in result.rounds) or \
+        any(not c.fits and c.seconds < best.seconds for c in result.baselines.values())
+
+
+def _accumulated(planner, graph, cluster: Cluster, optimizer: str, progress, program, microbatches: int | None,
+                 pipeline: Any) -> tuple[Any, str]:
+    """``pipeline`` or gradient accumulation (:func:`synth.stages.accumulation`), whichever is
+    faster, and what was tried, for an error; forced with ``microbatches`` (then an error when it
+    does not fit). The one-stage plan is kept when it fits and is faster: the caller compares."""
+    from synth.accumulation import accumulation
+    from synth.stages import StagePlanner
+
+    if planner is None:
+        planner = StagePlanner(graph, cluster, optimizer=optimizer, progress=progress)
+    if progress is not None:
+        progress("gradient accumulation: pricing micro-batches over all devices")
+    accumulated = accumulation(planner, microbatches, programs=[program])
+    if accumulated is None and microbatches is not None and microbatches > 1 and pipeline is None:
+        raise UserError(f"--microbatches {microbatches}: gradient accumulation over {microbatches} micro-batches "
+                        f"of {planner.batch // microbatches} samples does not fit in memory on this cluster")
+    counts = [m for m in planner.microbatch_counts([planner.group(range(cluster.world))]) if m > 1]
+    tried = f"gradient accumulation up to {counts[-1]} micro-batches" if counts else \
+        "no gradient accumulation (the model's samples are coupled)" if not planner.splits_batch() else \
+        "no gradient accumulation (too few samples per device)"
+    if accumulated is not None and (pipeline is None or accumulated.iteration_seconds < pipeline.iteration_seconds):
+        return accumulated, tried
+    return pipeline, tried
+
+
+def _raise_memory(best: Any, cluster: Cluster, optimizer: str, backend: str, levers: list[str]) -> None:
+    """The one-line error when no plan fits: the memory missing per device and the levers tried."""
+    from synth.loads import MemoryInfeasible
+    from synth.synthesize import raise_memory
+
+    try:
+        raise_memory(best, cluster, optimizer, backend)
+    except MemoryInfeasible as exc:
+        raise MemoryInfeasible(f"{exc} (tried: {', '.join(levers)})", exc.missing_bytes) from None
 
 
 def baseline(model: torch.nn.Module | Traced | str | os.PathLike, inputs: Sequence[torch.Tensor] | None,

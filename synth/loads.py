@@ -17,7 +17,7 @@ import (a fifth of a second on a loaded machine). :meth:`DeviceLoads.problem` gi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -106,21 +106,23 @@ def device_loads(program: DistProgram, sim: SimResult, cluster: Cluster,
             sums[k] += t.fwd_seconds + t.bwd_seconds
     a = tuple(a_kind[k] for k in kind_of)
     b = tuple(b_kind[k] + float(comm) for k, comm in zip(kind_of, sim.comm_seconds, strict=True))
-    m, c = _memory_coefficients(program, cluster, optimizer, sim.memory.totals)
+    m, c = memory_coefficients(program, sim.memory.totals,
+                               lambda other: program_memory(other, cluster, optimizer).totals)
     return DeviceLoads(a, b, m, c, tuple(float(x) for x in cluster.memory_bytes()),
                        tuple(f"{d.type}#{d.index}" for d in cluster.devices))
 
 
-def _memory_coefficients(program: DistProgram, cluster: Cluster, optimizer: str | int,
-                         totals_at_shares: Sequence[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Bytes per device as ``m * share + c``, from two evaluations of the memory model (the
-    one at the program's own shares is the simulation's, ``totals_at_shares``)."""
+def memory_coefficients(program: DistProgram, totals_at_shares: Sequence[float],
+                        totals_of: Callable[[DistProgram], Sequence[float]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Bytes per device as ``m * share + c``, from two evaluations of a memory model: at the
+    program's own shares (``totals_at_shares``, already known) and ``totals_of`` the same steps
+    at other shares (one step's memory, or a micro-batched step's)."""
     world = program.world
     even = 1.0 / world
     s1 = [float(x) for x in program.shares]
     # np.allclose(s1, even): |x - even| <= atol + rtol * |even|
     s2 = _tilted(world) if all(abs(x - even) <= 1e-08 + 1e-05 * abs(even) for x in s1) else [even] * world
-    m2 = program_memory(with_shares(program, s2), cluster, optimizer).totals
+    m2 = totals_of(with_shares(program, s2))
     m: list[float] = []
     c: list[float] = []
     for x1, x2, t1, t2 in zip(s1, s2, totals_at_shares, m2, strict=True):

@@ -116,6 +116,13 @@ class Pipeline:
     def iteration_seconds(self) -> float:
         return self.cost.iteration_seconds
 
+    @property
+    def shape(self) -> str:
+        """``3 pipeline stages, 8 micro-batches``, or ``4 micro-batches accumulated`` for one stage."""
+        if len(self.stages) == 1:
+            return f"{self.microbatches} micro-batches accumulated"
+        return f"{len(self.stages)} pipeline stages, {self.microbatches} micro-batches"
+
 
 class StagePlanner(GroupJobs):
     """Plans pipelines for one graph on one cluster; group programs and profiles memoised."""
@@ -525,3 +532,4 @@ def pipeline_even(planner: StagePlanner) -> Pipeline | None:
         if pipe is not None and (best is None or pipe.iteration_seconds < best.iteration_seconds):
             best = pipe
     return best
+

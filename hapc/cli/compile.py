@@ -48,7 +48,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     comp.add_argument("--stages", default=None, metavar="N|auto",
                       help="also search pipeline stages on device groups ('auto'), or force N stages")
     comp.add_argument("--microbatches", type=int, default=None, metavar="M",
-                      help="pipeline micro-batches per iteration (default: searched)")
+                      help="micro-batches per iteration: a pipeline's, or with one stage gradient "
+                           "accumulation (default: searched; one stage accumulates only when memory binds)")
     comp.add_argument("--schedule", default=None, choices=("1f1b", "gpipe"),
                       help="pipeline schedule (default: searched; 1f1b unless GPipe fits and is faster)")
     comp.add_argument("--no-trace-cache", action="store_true",

@@ -72,16 +72,15 @@ class Plan:
     search: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)         # file, kwargs, optimizer
     precision: Precision = field(default_factory=Precision)     # dtypes, TF32, gradient reduction
-    # Pipeline stages; None for a one-stage plan over all devices, whose program is
-    # ``program``. A pipelined plan keeps the best one-stage program in ``program`` and ``sim``
-    # for comparison; its cost, memory and shares come from the stages.
+    # Pipeline stages (one over all devices: gradient accumulation); None for a one-stage plan
+    # over all devices, whose program is ``program``. A pipelined plan keeps the best one-stage
+    # program in ``program`` and ``sim`` for comparison; its cost, memory and shares come from the stages.
     pipeline: Pipeline | None = None
     # plan.json's ``predicted`` entry when the plan was loaded (what the cost model that wrote it
     # predicted); empty for a plan made in this process.
     recorded: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    # A pipelined plan's graph at one micro-batch, as changes to ``graph`` (JSON-ready; see
-    # hapc.codegen.pipeline_emit): recorded by save() or emit(), so that emitting the plan
-    # from plan.json needs no torch. None until then, and for a one-stage plan.
+    # A pipelined plan's graph at one micro-batch, as changes to ``graph`` (JSON-ready; see hapc.codegen.
+    # pipeline_emit): recorded by save() or emit(), so emitting from plan.json needs no torch; else None.
     microbatch_record: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     # Baselines that do not fit in memory: name -> bytes missing on the device short of most. A
     # speed-up over a program that cannot run is no speed-up; the reports say so instead.
@@ -188,7 +187,7 @@ class Plan:
         return plan_html(self)
 
     def __repr__(self) -> str:
-        staged = f" in {len(self.pipeline.stages)} pipeline stages" if self.pipeline is not None else ""
+        staged = "" if self.pipeline is None else f", {self.pipeline.shape}"
         return (f"Plan({self.name}: {self.cost * 1e3:.3f} ms/iter on {self.cluster.world} devices{staged}, "
                 f"lower bound {self.lower_bound * 1e3:.3f} ms)")
 

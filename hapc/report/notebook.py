@@ -30,7 +30,8 @@ def _chart_data_uri(plan: Plan) -> str:
 def _headline(f: dict) -> str:
     gap = f" ({f['gap']:.2f}x the lower bound of {f['lower_bound_ms']:.3f} ms)" if f["gap"] else ""
     fit = "" if f["fits"] else "; does NOT fit in memory"
-    return f"predicted time per iteration: {f['iteration_ms']:.3f} ms{gap}{fit}"
+    mfu = "" if f["mfu"] is None else f", model FLOPs utilisation {f['mfu'] * 100:.1f}%"
+    return f"predicted time per iteration: {f['iteration_ms']:.3f} ms{gap}{mfu}{fit}"
 
 
 ROWS_SHOWN = 12          # device rows before the rest fold away (alike ranks share a row beyond 32)
@@ -60,6 +61,8 @@ def plan_markdown(plan: Plan, chart: bool = True) -> str:
         lines += ["| baseline | predicted ms | speed-up of this plan |", "|---|---:|---:|"]
         lines += [f"| {name} | {ms:.3f} | {speedup_text(speedup, why)} |" for name, ms, speedup, why in f["baselines"]]
         lines.append("")
+    if plan.pipeline is not None:
+        lines += ["```", *_staged_lines(plan), "```", ""]
     columns, has_rows = _columns(f), _has_rows(f)
     lines += ["| " + " | ".join(columns) + " |", "|" + "---:|" * len(columns)]
     shown, rest = f["devices"][:ROWS_SHOWN], f["devices"][ROWS_SHOWN:]
@@ -70,6 +73,13 @@ def plan_markdown(plan: Plan, chart: bool = True) -> str:
     if chart:
         lines += ["", f"![per-device time and memory]({_chart_data_uri(plan)})"]
     return "\n".join(lines) + "\n"
+
+
+def _staged_lines(plan: Plan) -> list[str]:
+    """A pipelined or accumulating plan's stage lines, and what the device table then shows."""
+    from hapc.report.pipeline import pipeline_lines
+
+    return [*pipeline_lines(plan), "the table below is the best one-stage plan over all devices, for comparison"]
 
 
 def plan_html(plan: Plan, chart: bool = True) -> str:
@@ -83,6 +93,8 @@ def plan_html(plan: Plan, chart: bool = True) -> str:
                        for name, ms, speedup, why in f["baselines"])
         parts.append("<table><tr><th>baseline</th><th>predicted ms</th><th>speed-up of this plan</th></tr>"
                      f"{rows}</table>")
+    if plan.pipeline is not None:
+        parts.append(f"<pre>{esc(chr(10).join(_staged_lines(plan)))}</pre>")
     head = "".join(f"<th>{esc(c)}</th>" for c in _columns(f))
     has_rows = _has_rows(f)
 

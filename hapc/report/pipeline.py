@@ -39,9 +39,17 @@ def pipeline_lines(plan: Plan) -> list[str]:
     ms = 1e3
     cost = pipe.cost
     used = {r for st in pipe.stages for r in st.ranks}
+    without = f"{plan.sim.iteration_seconds * ms:.3f} ms" + ("" if plan.sim.fits else ", does not fit")
+    if len(pipe.stages) == 1 and len(used) == plan.cluster.world:
+        from synth.stagespace import batch_size
+
+        rows = batch_size(plan.graph) // pipe.microbatches
+        return [f"gradient accumulation: {pipe.microbatches} micro-batches of {rows} samples, gradients "
+                f"synchronised once per step, {max(max(m) for m in cost.stage_memory_bytes) / 1e9:.3f} GB at most "
+                f"on a device (without accumulation: {without})"]
     lines = [f"pipeline: {len(pipe.stages)} stages, {pipe.microbatches} micro-batches, {pipe.schedule} schedule, "
              f"bubble {cost.bubble_fraction * 100:.1f}% of {cost.pipeline_seconds * ms:.3f} ms "
-             f"(one stage over all devices: {plan.sim.iteration_seconds * ms:.3f} ms)"]
+             f"(one stage over all devices: {without})"]
     if len(used) < plan.cluster.world:
         idle = sorted(set(range(plan.cluster.world)) - used)
         lines.append(f"  devices left idle (the pipeline is faster without them): ranks {idle}")

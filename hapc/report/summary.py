@@ -19,6 +19,9 @@ def summary_text(plan: Plan) -> str:
         f"(lower bound {f['lower_bound_ms']:.3f} ms; {f['gap']:.2f}x of it{_gap_note(f['gap'])})"
         if f["gap"] is not None else f"predicted time per iteration: {f['iteration_ms']:.3f} ms",
     ]
+    if f["mfu"] is not None:
+        lines.append(f"model FLOPs utilisation: {f['mfu'] * 100:.1f}% (the step's FLOPs at the devices' summed "
+                     f"peak, over the predicted time per iteration)")
     lines.append(f"precision: {plan.precision.describe()}")
     lines.append(_measured_line(plan))
     if f["baselines"]:
