@@ -116,7 +116,8 @@ def _keys(graph: Graph, preds: list[set[int]], succs: list[list[int]]) -> list[t
                 return tuple(arg(x) for x in a)
             return repr(a)
 
-        src = (n.source.file, n.source.line, n.source.code) if n.source else None
+        # The file by base name: a checkout elsewhere (a CI clone) must give the same digests.
+        src = (os.path.basename(n.source.file), n.source.line, n.source.code) if n.source else None
         content = (n.op, arg(n.args), sorted((k, arg(v)) for k, v in n.kwargs.items()),
                    [repr(graph.values[o].meta) for o in n.outputs if o in graph.values], src,
                    n.mutates if n.mutates not in made_by else None)
@@ -167,8 +168,9 @@ def _positions(node: Node, outputs: tuple[str, ...]) -> tuple:
 
 
 def _stack(node: Node, layer: int) -> tuple:
-    """The node's position in the user's code, outermost frame first, files by base name first
-    (so that where a package is installed does not change the order). Below every calling
+    """The node's position in the user's code, outermost frame first, files by base name only
+    (where a package is installed, or the project checked out, must not change the order; two
+    files of one name at one line are told apart by content, as any tie). Below every calling
     frame comes ``layer``, the last parameter the node depends on: a call made in a loop
     (``for block in self.blocks: x = block(x)``) is the same frame in every iteration, and the
     iteration is told by the block's parameters."""
@@ -176,8 +178,8 @@ def _stack(node: Node, layer: int) -> tuple:
         return ()
     key: list = []
     for f, line in node.source.callers:
-        key += [(os.path.basename(f), f, line), layer]
-    return tuple(key + [(os.path.basename(node.source.file), node.source.file, node.source.line)])
+        key += [(os.path.basename(f), line), layer]
+    return tuple(key + [(os.path.basename(node.source.file), node.source.line)])
 
 
 def _digest(obj: Any) -> str:

@@ -145,3 +145,23 @@ def test_every_hash_seed_writes_the_same_plan_and_program(tmp_path, shared_cache
             cache = tmp_path / ("cache" if shared_cache else f"cache-{label}-{seed}")
             written[seed] = _compile(seed, tmp_path / f"{label}-{seed}", cache, *extra)
         assert len({tuple(sorted(w.items())) for w in written.values()}) == 1, (label, written)
+
+
+def test_where_the_model_file_lies_does_not_change_the_graph(tmp_path):
+    """The MoE example's top-2 routing makes nodes whose program position ties; their order must
+    not follow the checkout's path (a CI clone elsewhere got another graph hash than the golden
+    plan's). Its graph is traced from the repository and from copies in other folders."""
+    from bench.golden import small_config
+    from hapc.frontend.modelfile import load_model_file
+    from hapc.frontend.tracer import trace
+
+    paths = [ROOT / "configs" / "models" / "moe.py"]
+    for folder in ("elsewhere/deep/er", "a/deeper/checkout", "b", "ci/clone/configs/models"):
+        paths.append(tmp_path / folder / "moe.py")
+        paths[-1].parent.mkdir(parents=True)
+        paths[-1].write_text(paths[0].read_text())
+    hashes = set()
+    for path in paths:
+        mf = load_model_file(str(path), small_config("moe"))
+        hashes.add(trace(mf.build_model(device="meta"), tuple(x.to("meta") for x in mf.build_inputs())).graph.hash())
+    assert len(hashes) == 1

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FORMAT = "hapc-trace-cache/1"
+# Raised when what the cache holds for a key changes: 2 since the canonical node order stopped
+# depending on where the model file lies (entries of 1 hold graphs in the older order).
+FORMAT = "hapc-trace-cache/2"
 
 
 def torch_version() -> str:
