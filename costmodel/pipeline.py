@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.cluster import Cluster, Link
-from costmodel.memory import kept_for_backward, optimizer_copies
+from costmodel.memory import kept_for_backward, optimizer_copies, saved_extra_fraction
 from costmodel.simcache import SimulationCache
 from costmodel.simulator import SFB_LOCAL, _ClassFractions, factor_synced_params
 from costmodel.transfers import LocalBytes, backward_move, forward_move, local_bytes
@@ -247,10 +247,17 @@ class ProgramPricer:
         fixed_rows: dict[int, list[float]] = {}
         for step in program.steps:
             if isinstance(step, Compute):
-                for out, lay in kept_for_backward(program, nodes[step.node], step):
+                for out, lay, times in kept_for_backward(program, nodes[step.node], step):
                     rows = act_rows if out in batch else fixed_rows
                     i = index[step.node]
-                    piece = local_bytes(program, out, lay)
+                    piece = [times * b for b in local_bytes(program, out, lay)]
+                    rows[i] = [a + b for a, b in zip(rows[i], piece)] if i in rows else list(piece)
+                node = nodes[step.node]
+                extra = saved_extra_fraction(graph, node)
+                if extra and step.strategy.outputs:     # its own saved tensors (costmodel.memory)
+                    rows = act_rows if node.outputs[0] in batch else fixed_rows
+                    i = index[step.node]
+                    piece = [extra * b for b in local_bytes(program, node.outputs[0], step.strategy.outputs[0])]
                     rows[i] = [a + b for a, b in zip(rows[i], piece)] if i in rows else list(piece)
         self.act, self.act_fixed = per_node(act_rows), per_node(fixed_rows)
 

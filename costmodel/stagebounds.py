@@ -34,8 +34,7 @@ import numpy as np
 
 from costmodel.cluster import Cluster
 from costmodel.compute import node_seconds
-from costmodel.memory import optimizer_copies
-from costmodel.opclass import op_class
+from costmodel.memory import kept_outputs, optimizer_copies, saved_extra_fraction
 from costmodel.pipeline import batch_dependent_values
 from hapc.ir.graph import Graph
 
@@ -130,12 +129,13 @@ class StageBounds:
         act = np.zeros(n)
         act_fixed = np.zeros(n)
         for i, node in enumerate(graph.nodes):
-            if op_class(node.op) == "view":
-                continue
-            for out in node.outputs:
-                if graph.values[out].requires_grad:
-                    target = act if out in batch else act_fixed
-                    target[i] += float(graph.meta(out).nbytes)
+            for _, out, times in kept_outputs(graph, node):
+                target = act if out in batch else act_fixed
+                target[i] += times * float(graph.meta(out).nbytes)
+            extra = saved_extra_fraction(graph, node)
+            if extra:
+                target = act if node.outputs[0] in batch else act_fixed
+                target[i] += extra * float(graph.meta(node.outputs[0]).nbytes)
         for name in graph.inputs:
             if name in first_use:
                 act[first_use[name]] += float(graph.meta(name).nbytes)

@@ -29,6 +29,7 @@ from hapc.errors import UserError
 from hapc.frontend.functionalize import functionalize
 from hapc.frontend.ondevice import is_fake
 from hapc.frontend.quiet import quiet_torch
+from hapc.frontend.saved import record_saved
 from hapc.frontend.torchfacts import record as record_torch_facts
 from hapc.ir.graph import Cost, Graph, Node, Ref, SourceLoc, TensorMeta, Value
 from hapc.runtime.random_ops import RANDOM_OPS
@@ -128,6 +129,7 @@ def trace(model: torch.nn.Module, inputs: Sequence[Any], *, has_rule=None, repli
     _annotate_costs(graph, costs)
     graph.unsupported = _unsupported(graph, has_rule)
     graph.torch_facts = record_torch_facts(graph)     # so that emitting a program needs no torch
+    graph.torch_facts.saved = record_saved(graph)     # ... and pricing its memory neither
     constants = {k: _stored(v) for k, v in exported_constants.items() if isinstance(v, torch.Tensor)}
     return Traced(graph, model, constants, time.perf_counter() - start)
 

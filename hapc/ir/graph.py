@@ -143,14 +143,24 @@ class TorchFacts:
     # Every string constant among the nodes' arguments -> the torch object it names, as code
     # (``"float32"`` -> ``"torch.float32"``, ``"torch.strided"`` as itself), or None for a plain string.
     torch_names: dict[str, str | None] = field(default_factory=dict)
+    # Node name -> what autograd saves for its backward: (flat input positions, output
+    # indices, other bytes), found by running the op on meta (hapc.frontend.saved); a node
+    # without an entry is priced by the memory model's older rule. None: not recorded.
+    saved: dict[str, tuple[tuple[int, ...], tuple[int, ...], int]] | None = None
 
     def to_dict(self) -> dict:
-        return {"op_results": dict(sorted(self.op_results.items())),
-                "torch_names": dict(sorted(self.torch_names.items()))}
+        d = {"op_results": dict(sorted(self.op_results.items())),
+             "torch_names": dict(sorted(self.torch_names.items()))}
+        if self.saved is not None:
+            d["saved"] = {name: [list(i), list(o), extra] for name, (i, o, extra) in sorted(self.saved.items())}
+        return d
 
     @staticmethod
     def from_dict(d: dict) -> TorchFacts:
-        return TorchFacts(dict(d.get("op_results", {})), dict(d.get("torch_names", {})))
+        saved = None
+        if "saved" in d:
+            saved = {name: (tuple(i), tuple(o), int(extra)) for name, (i, o, extra) in d["saved"].items()}
+        return TorchFacts(dict(d.get("op_results", {})), dict(d.get("torch_names", {})), saved)
 
 
 @dataclass

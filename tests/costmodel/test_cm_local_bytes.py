@@ -54,8 +54,8 @@ def _memory_rank_by_rank(program, cluster, optimizer="adamw") -> list[dict[str, 
             node = nodes[step.node]
             if op_class(node.op) == "view":
                 continue
-            for out, layout in kept_for_backward(program, node, step):
-                add("activations_bytes", local_bytes(program, out, layout))
+            for out, layout, times in kept_for_backward(program, node, step):
+                add("activations_bytes", local_bytes(program, out, layout), times)
             if graph.meta(node.outputs[0]).dtype in ("bfloat16", "float16"):
                 for ref, layout in zip(node.input_refs(), step.strategy.inputs):
                     v = graph.values[ref]

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 # Raised when what the cache holds for a key changes: 2 since the canonical node order stopped
-# depending on where the model file lies (entries of 1 hold graphs in the older order).
-FORMAT = "hapc-trace-cache/2"
+# depending on where the model file lies, 3 since graphs record what autograd saves per node.
+FORMAT = "hapc-trace-cache/3"
 
 
 def torch_version() -> str:
