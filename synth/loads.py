@@ -178,3 +178,20 @@ def with_shares(program: DistProgram, shares: Sequence[float]) -> DistProgram:
     original's, found once (a union-find over every step: a fifth of a simulation)."""
     return DistProgram(program.graph, tuple(float(x) for x in shares), dict(program.source_layouts),
                        list(program.steps), _blocks=program.blocks())
+
+
+def snapped_to_blocks(program: DistProgram, shares: Sequence[float]) -> tuple[float, ...]:
+    """``shares`` with every share worth less than half a block of the program's coarsest
+    sharded dimension set to zero and the rest scaled up to sum to one. Rounding
+    (:func:`hapc.ir.shards.largest_remainder`) gives any positive share at least one block, so
+    a sliver the share LP meant as "almost nothing" becomes a whole block of work; at zero the
+    device computes none. The shares unchanged when nothing is that small or all would be."""
+    blocks = program.blocks()
+    if not blocks:
+        return tuple(shares)
+    units = min(blocks.values())
+    kept = [s if s * units >= 0.5 else 0.0 for s in shares]
+    total = sum(kept)
+    if total <= 0 or all(k == s for k, s in zip(kept, shares)):
+        return tuple(shares)
+    return tuple(k / total for k in kept)

@@ -24,7 +24,7 @@ from hapc.ir.program import DistProgram
 from synth.baselines import BASELINES, baseline_programs
 from synth.costs import Prices
 from hapc.process.collector import gc_paused
-from synth.loads import share_problem, with_shares
+from synth.loads import share_problem, snapped_to_blocks, with_shares
 from synth.ratios import MemoryInfeasible, solve_shares
 from synth.search import SearchResult, search, to_program
 from synth.space import SearchSpace
@@ -146,6 +146,14 @@ def _synthesize(graph: Graph, cluster: Cluster, *, time_budget: float | None, op
             # when the simulator does not find it faster than at the old shares, the shares have
             # converged and searching again at them is not worth a round.
             warm = _reshared(round_best, new_shares, cluster, optimizer, prices)
+            # The LP's shares are real numbers; the program cuts whole blocks (a batch row), and
+            # rounding gives every positive share a block: a device the LP left a sliver of work
+            # (a V100 beside A100s under bf16) would compute a whole row. Without it, as a candidate.
+            snapped = snapped_to_blocks(round_best.program, new_shares)
+            if not _same(snapped, new_shares):
+                alt = _reshared(round_best, snapped, cluster, optimizer, prices)
+                if alt is not None and (warm is None or ahead(alt, warm)):
+                    warm, new_shares = alt, snapped
             out.warm_starts += 1
             if warm is not None and ahead(warm, best):
                 best = warm
@@ -164,10 +172,31 @@ def _synthesize(graph: Graph, cluster: Cluster, *, time_budget: float | None, op
         if best is None or ahead(cand, best):
             best = cand
     assert best is not None
+    if best.search is None and not cluster.is_homogeneous:
+        best = _balanced_baseline(best, cluster, optimizer, backend, prices)
     if not best.fits and require_fit:
         raise_memory(best, cluster, optimizer, backend)
     out.best = best
     return out
+
+
+def _balanced_baseline(best: Candidate, cluster: Cluster, optimizer, backend: str,
+                       prices: SimulationCache) -> Candidate:
+    """A baseline that beat every searched program (the search gave up proving optimality on a
+    wide model and its beam found worse) at the shares the share LP gives it, and at those
+    snapped to whole blocks: its steps are in the search space, so balancing them is this
+    search's own plan. ``best`` itself when neither is ahead of it."""
+    try:
+        solution = solve_shares(share_problem(best.program, best.sim, cluster, optimizer, prices), backend)
+    except MemoryInfeasible:
+        return best
+    lp = tuple(float(x) for x in np.asarray(solution.shares).reshape(-1)[:cluster.world])
+    for shares in (lp, snapped_to_blocks(best.program, lp)):
+        program = with_shares(best.program, shares)
+        cand = Candidate("hapc", program, simulate(program, cluster, optimizer=optimizer, cache=prices))
+        if ahead(cand, best):
+            best = cand
+    return best
 
 
 def _reshared(cand: Candidate, shares: tuple[float, ...], cluster: Cluster, optimizer,
