@@ -151,16 +151,27 @@ class TorchFacts:
     def to_dict(self) -> dict:
         d = {"op_results": dict(sorted(self.op_results.items())),
              "torch_names": dict(sorted(self.torch_names.items()))}
-        if self.saved is not None:
-            d["saved"] = {name: [list(i), list(o), extra] for name, (i, o, extra) in sorted(self.saved.items())}
+        if self.saved is not None:      # "inputs/outputs/bytes", e.g. "0,1//0": one short line a node
+            d["saved"] = {name: f"{_ints(i)}/{_ints(o)}/{extra}" for name, (i, o, extra) in sorted(self.saved.items())}
         return d
 
     @staticmethod
     def from_dict(d: dict) -> TorchFacts:
         saved = None
         if "saved" in d:
-            saved = {name: (tuple(i), tuple(o), int(extra)) for name, (i, o, extra) in d["saved"].items()}
+            saved = {}
+            for name, text in d["saved"].items():
+                ins, outs, extra = text.split("/")
+                saved[name] = (_parse_ints(ins), _parse_ints(outs), int(extra))
         return TorchFacts(dict(d.get("op_results", {})), dict(d.get("torch_names", {})), saved)
+
+
+def _ints(xs: tuple[int, ...]) -> str:
+    return ",".join(str(x) for x in xs)
+
+
+def _parse_ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",")) if text else ()
 
 
 @dataclass
