@@ -235,7 +235,7 @@ def _memory_binds(result: Any) -> bool:
 
 def _accumulated(planner, graph, cluster: Cluster, optimizer: str, progress, program, microbatches: int | None,
                  pipeline: Any) -> tuple[Any, str]:
-    """``pipeline`` or gradient accumulation (:func:`synth.stages.accumulation`), whichever is
+    """``pipeline`` or gradient accumulation (:func:`synth.accumulation.accumulation`), whichever is
     faster, and what was tried, for an error; forced with ``microbatches`` (then an error when it
     does not fit). The one-stage plan is kept when it fits and is faster: the caller compares."""
     from synth.accumulation import accumulation

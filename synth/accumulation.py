@@ -18,6 +18,7 @@ import numpy as np
 
 from costmodel.cluster import Cluster
 from hapc.ir.program import DistProgram
+from synth.loads import snapped_to_blocks, with_shares
 from synth.stages import Pipeline, StagePlanner
 
 
@@ -52,7 +53,9 @@ def accumulation(planner: StagePlanner, microbatches: int | None = None,
             tries = [pipe]
             if not planner.cluster.is_homogeneous:
                 rebalanced = _rebalanced(planner, program, m, pipe)
-                tries.append(None if rebalanced is None else _one_stage(planner, rebalanced, m))
+                if rebalanced is not None:      # and without slivers of a block (synth.loads)
+                    snapped = with_shares(rebalanced, snapped_to_blocks(rebalanced, rebalanced.shares))
+                    tries += [_one_stage(planner, rebalanced, m), _one_stage(planner, snapped, m)]
             for pipe in tries:
                 if _fits(planner.cluster, pipe) and (best is None or pipe.iteration_seconds < best.iteration_seconds):
                     best = pipe
@@ -79,7 +82,7 @@ def _rebalanced(planner: StagePlanner, program: DistProgram, m: int, priced: Pip
     """``program`` at the shares the share LP finds for it with the memory of ``m``
     micro-batches (affine in the shares, from two pricings); None when no shares fit."""
     from costmodel.simulator import simulate
-    from synth.loads import MemoryInfeasible, device_loads, memory_coefficients, with_shares
+    from synth.loads import MemoryInfeasible, device_loads, memory_coefficients
     from synth.ratios import solve_shares
 
     cluster = planner.cluster

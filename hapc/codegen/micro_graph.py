@@ -113,11 +113,12 @@ def _graph_from_record(whole: Graph, record: dict[str, Any]) -> Graph:
 
 def _trace(mf: Any, inputs: tuple, device: str):
     """Trace for ``device`` as the whole batch was (:func:`hapc.frontend.modelfile.trace_for_device`),
-    on ``inputs`` (a micro-batch) instead of the model file's own."""
+    on ``inputs`` (a micro-batch) instead of the model file's own; a fallback to the meta device
+    was said once already, for the whole batch."""
     from hapc.frontend.modelfile import trace_for_device
     from hapc.frontend.tracer import trace
 
-    return trace_for_device(mf, trace, device, inputs=inputs)
+    return trace_for_device(mf, trace, device, inputs=inputs, warn=False)
 
 
 def _check_same_structure(whole: Graph, micro: Graph, batch: int, rows: int) -> None:

@@ -108,7 +108,7 @@ def load_model_file(path: str, overrides: dict[str, Any] | None = None) -> Model
 
 
 def trace_for_device(mf: ModelFile, trace: Callable[..., Traced], device: str = "cpu", *,
-                     inputs: tuple[torch.Tensor, ...] | None = None) -> Traced:
+                     inputs: tuple[torch.Tensor, ...] | None = None, warn: bool = True) -> Traced:
     """Trace for ``device`` (``cpu`` or ``cuda``: the cluster's, see :mod:`hapc.frontend.ondevice`)
     without weights: the model built on the meta device, its tensors faked on ``device``. Falls
     back to real tensors on the CPU where the model cannot be built or traced without data.
@@ -131,20 +131,23 @@ def trace_for_device(mf: ModelFile, trace: Callable[..., Traced], device: str = 
     except UserError as exc:
         refusal = cuda_missing(str(exc), device)
         if refusal is not None:
-            return _meta_instead(mf, trace, example(), refusal, exc)
+            return _meta_instead(mf, trace, example(), refusal, exc, warn)
     # Real tensors: also when the trace lifted tensors it made in forward (a list index,
     # torch.tensor(...)) without their data; a trace on CPU gives graph and data together.
     return trace(mf.build_model(), example())
 
 
 def _meta_instead(mf: ModelFile, trace: Callable[..., Traced], inputs: tuple, refusal: str,
-                  cause: UserError) -> Traced:
+                  cause: UserError, warn: bool = True) -> Traced:
     """The trace on the meta device, for a ``cuda`` cluster that this process cannot trace for
-    (``refusal`` says why), with a warning; ``refusal`` as the error when meta fails too."""
+    (``refusal`` says why), with a warning unless ``warn`` is false (a second trace of a model
+    already warned about); ``refusal`` as the error when meta fails too."""
     try:
         traced = trace(mf.build_model(device="meta"), tuple(t.to("meta") for t in inputs))
     except UserError:
         raise UserError(refusal, where=mf.path) from cause
+    if not warn:
+        return traced
     print(f"hapc: warning: {mf.path}: traced on the meta device instead: {refusal.split(' (', 1)[0]} "
           f"({str(cause).removeprefix('torch.export could not trace the model: ')}); where the model branches "
           "on the device, the plan may hold another branch than a GPU takes", file=sys.stderr)
