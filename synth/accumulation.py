@@ -14,9 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-import numpy as np
 
-from costmodel.cluster import Cluster
 from hapc.ir.program import DistProgram
 from synth.loads import snapped_to_blocks, with_shares
 from synth.stages import Pipeline, StagePlanner
@@ -57,7 +55,8 @@ def accumulation(planner: StagePlanner, microbatches: int | None = None,
                     snapped = with_shares(rebalanced, snapped_to_blocks(rebalanced, rebalanced.shares))
                     tries += [_one_stage(planner, rebalanced, m), _one_stage(planner, snapped, m)]
             for pipe in tries:
-                if _fits(planner.cluster, pipe) and (best is None or pipe.iteration_seconds < best.iteration_seconds):
+                if pipe is not None and pipe.fits_in(planner.cluster) and \
+                        (best is None or pipe.iteration_seconds < best.iteration_seconds):
                     best = pipe
         if before is not None and best is before:
             break          # more micro-batches freed no memory worth their overheads
@@ -70,12 +69,6 @@ def _one_stage(planner: StagePlanner, program: DistProgram, m: int, require_fit:
                         group_synthesizer=lambda graph, group: program)
     return solo._price([(solo.group(range(planner.cluster.world)), 0, len(solo.cuts) - 1)], m, "1f1b",
                        require_fit=require_fit)
-
-
-def _fits(cluster: Cluster, pipe: Pipeline | None) -> bool:
-    return pipe is not None and all(b <= cluster.devices[r].memory_bytes
-                                    for st, mem in zip(pipe.stages, pipe.cost.stage_memory_bytes)
-                                    for r, b in zip(st.ranks, mem))
 
 
 def _rebalanced(planner: StagePlanner, program: DistProgram, m: int, priced: Pipeline) -> DistProgram | None:
@@ -97,4 +90,4 @@ def _rebalanced(planner: StagePlanner, program: DistProgram, m: int, priced: Pip
         solution = solve_shares(replace(loads, m=mem, c=fixed).problem())
     except MemoryInfeasible:
         return None
-    return with_shares(program, [float(x) for x in np.asarray(solution.shares).reshape(-1)[:cluster.world]])
+    return with_shares(program, solution.device_shares(cluster.world))

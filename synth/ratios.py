@@ -109,6 +109,10 @@ class ShareSolution:
     status: str = "optimal"
     names: tuple[str, ...] = field(default=(), repr=False)
 
+    def device_shares(self, world: int) -> tuple[float, ...]:
+        """Each device's share as plain floats (a program's shares), from a one-segment problem."""
+        return tuple(float(x) for x in np.asarray(self.shares).reshape(-1)[:world])
+
     def __repr__(self) -> str:
         per = ", ".join(f"{n}: {'/'.join(f'{s:.3g}' for s in self.shares[:, r])}"
                         for r, n in enumerate(self.names or range(self.shares.shape[1])))

@@ -116,6 +116,11 @@ class Pipeline:
     def iteration_seconds(self) -> float:
         return self.cost.iteration_seconds
 
+    def fits_in(self, cluster: Cluster) -> bool:
+        """Whether every stage's predicted peak fits each of its devices' memory."""
+        return all(b <= cluster.devices[r].memory_bytes
+                   for st, mem in zip(self.stages, self.cost.stage_memory_bytes) for r, b in zip(st.ranks, mem))
+
     @property
     def shape(self) -> str:
         """``3 pipeline stages, 8 micro-batches``, or ``4 micro-batches accumulated`` for one stage."""
@@ -457,13 +462,8 @@ class StagePlanner(GroupJobs):
                              tuple(float(v) for v in mat["act"][ci, cj]))
             stage_costs.append(cost)
             stages.append(Stage(self.cuts[first], self.cuts[stop], g.ranks, self.group_program(g), cost))
-        sched = schedule_cost(stage_costs, m, schedule, self.cluster.comm_overlap)
-        for st, mem in zip(stages, sched.stage_memory_bytes):
-            if not require_fit:
-                break
-            if any(b > self.cluster.devices[r].memory_bytes for r, b in zip(st.ranks, mem)):
-                return None
-        return Pipeline(stages, m, schedule, sched)
+        pipe = Pipeline(stages, m, schedule, schedule_cost(stage_costs, m, schedule, self.cluster.comm_overlap))
+        return None if require_fit and not pipe.fits_in(self.cluster) else pipe
 
 
 def price_stages(graph: Graph, cluster: Cluster, stages: Sequence[tuple[int, int, Sequence[int], DistProgram]],

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from costmodel.cluster import Cluster
 from costmodel.simcache import SimulationCache
@@ -139,7 +138,7 @@ def _synthesize(graph: Graph, cluster: Cluster, *, time_budget: float | None, op
                 out.lp_seconds += time.perf_counter() - t0
                 break
             out.lp_seconds += time.perf_counter() - t0
-            new_shares = tuple(float(x) for x in np.asarray(solution.shares).reshape(-1)[:cluster.world])
+            new_shares = solution.device_shares(cluster.world)
             if _same(new_shares, shares):
                 break
             # Warm start: the round's program at the LP's shares is a candidate of its own, and
@@ -190,7 +189,7 @@ def _balanced_baseline(best: Candidate, cluster: Cluster, optimizer, backend: st
         solution = solve_shares(share_problem(best.program, best.sim, cluster, optimizer, prices), backend)
     except MemoryInfeasible:
         return best
-    lp = tuple(float(x) for x in np.asarray(solution.shares).reshape(-1)[:cluster.world])
+    lp = solution.device_shares(cluster.world)
     for shares in (lp, snapped_to_blocks(best.program, lp)):
         program = with_shares(best.program, shares)
         cand = Candidate("hapc", program, simulate(program, cluster, optimizer=optimizer, cache=prices))

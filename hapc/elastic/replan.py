@@ -154,7 +154,7 @@ def rebalance(program: DistProgram, shares: Sequence[float], cluster: Cluster,
     if solved is None:          # the closed form cannot tell: the LP decides
         solve_shares, backend = _lp_tools()
         solution = solve_shares(loads.problem(), backend)
-        solved = tuple(float(x) for x in solution.shares.reshape(-1)[:cluster.world])
+        solved = solution.device_shares(cluster.world)
     moved = with_shares(program, solved)
     sim: SimResult | Figures = _simulate(moved, cluster, optimizer)
     if _faster(start_sim, sim):

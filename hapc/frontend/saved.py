@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hapc.frontend.torchfacts import resolve_op, torch_name
 from hapc.ir.graph import Graph, Node, Ref
 
 # node name -> (flat input positions saved, output indices saved, other bytes saved)
@@ -60,9 +61,8 @@ def _signature(graph: Graph, node: Node) -> tuple:
 def _probe(graph: Graph, node: Node) -> SavedSpec | None:
     import torch
 
-    try:
-        op = _resolve(node.op)
-    except AttributeError:
+    op = resolve_op(node.op)
+    if op is None:
         return None
     inputs: list[torch.Tensor] = []
 
@@ -137,19 +137,9 @@ def _attention(graph: Graph, node: Node) -> SavedSpec:
     return saved, (0,), 4 * rows
 
 
-def _resolve(op: str) -> Any:
-    import torch
-
-    ns, packet, overload = op.split(".", 2)
-    return getattr(getattr(getattr(torch.ops, ns), packet), overload)
-
-
 def _torch_object(text: str) -> Any:
     """A traced string constant as torch takes it (``"float32"`` -> ``torch.float32``)."""
     import torch
 
-    if hasattr(torch, text) and isinstance(getattr(torch, text), torch.dtype):
-        return getattr(torch, text)
-    if text.startswith("torch.") and hasattr(torch, text.removeprefix("torch.")):
-        return getattr(torch, text.removeprefix("torch."))
-    return text
+    name = torch_name(text)
+    return text if name is None else getattr(torch, name.removeprefix("torch."))

@@ -28,17 +28,27 @@ def record(graph: Graph) -> TorchFacts:
     return TorchFacts({op: op_results(op) for op in ops}, {s: torch_name(s) for s in strings})
 
 
+def resolve_op(op: str) -> Any:
+    """The operator overload behind ``namespace.op.overload``, or None (a higher-order op, or
+    a name no library registered in this process)."""
+    import torch
+
+    parts = op.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        return getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def op_results(op: str) -> int | None:
     """How many results the overload ``namespace.op.overload`` returns; None for a ``Tensor[]``
     (a list of any length) or an op torch does not know."""
-    import torch
-
-    try:
-        ns, packet, overload = op.split(".", 2)
-        schema = getattr(getattr(getattr(torch.ops, ns), packet), overload)._schema
-    except (AttributeError, ValueError, RuntimeError):
+    overload = resolve_op(op)
+    if overload is None:
         return None
-    rets = schema.returns
+    rets = overload._schema.returns
     if len(rets) == 1 and _is_list(str(rets[0].type)):
         return None
     return len(rets)

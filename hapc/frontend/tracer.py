@@ -30,7 +30,7 @@ from hapc.frontend.functionalize import functionalize
 from hapc.frontend.ondevice import is_fake
 from hapc.frontend.quiet import quiet_torch
 from hapc.frontend.saved import record_saved
-from hapc.frontend.torchfacts import record as record_torch_facts
+from hapc.frontend.torchfacts import record as record_torch_facts, resolve_op
 from hapc.ir.graph import Cost, Graph, Node, Ref, SourceLoc, TensorMeta, Value
 from hapc.runtime.random_ops import RANDOM_OPS
 
@@ -328,7 +328,7 @@ def _functional(op: str) -> tuple[str, bool]:
     parts = op.split(".")
     if len(parts) == 3 and parts[1].endswith("_") and not parts[1].startswith("_"):
         functional = f"{parts[0]}.{parts[1][:-1]}.{parts[2]}"
-        if _resolve_op(functional) is not None:
+        if resolve_op(functional) is not None:
             return functional, True
     return op, False
 
@@ -487,7 +487,7 @@ def _node_cost(graph: Graph, node: Node) -> Cost:
 
 
 def _counted_flops(graph: Graph, node: Node) -> tuple[float, float]:
-    op = _resolve_op(node.op)
+    op = resolve_op(node.op)
     if op is None:
         return 0.0, 0.0
     tensors: dict[str, torch.Tensor] = {}
@@ -518,18 +518,6 @@ def _counted_flops(graph: Graph, node: Node) -> tuple[float, float]:
     except Exception:  # an op meta tensors cannot run: fall back to the elementwise estimate
         return 0.0, 0.0
     return float(fwd), float(bwd)
-
-
-def _resolve_op(name: str):
-    """The operator overload behind ``namespace.op.overload``, or None (a higher-order op or a
-    name no library registered in this process)."""
-    parts = name.split(".")
-    if len(parts) != 3:
-        return None
-    try:
-        return getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
-    except (AttributeError, RuntimeError):
-        return None
 
 
 def _unsupported(graph: Graph, has_rule) -> dict[str, list[str]]:

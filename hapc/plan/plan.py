@@ -139,7 +139,7 @@ class Plan:
     def fits(self) -> bool:
         if self.pipeline is None:
             return self.sim.memory.all_fit
-        return all(b <= d.memory_bytes for b, d in zip(self.memory, self.cluster.devices))
+        return self.pipeline.fits_in(self.cluster)
 
     @property
     def graph(self) -> Graph:

@@ -228,17 +228,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_one_rank_program_saves_resumes_and_exports_single_device_weights(tmp_path, monkeypatch, capsys):
+def _one_rank_mlp(tmp_path, monkeypatch):
+    """The example MLP's dp-even program for one rank, emitted and imported, with the launcher's
+    variables cleared (its main() runs as a one-rank job in this process); and its path."""
     path = emit_model("mlp", plan_for("mlp", "dp-even", _cluster([0.3])), tmp_path / "prog")
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    _clear_rank(monkeypatch)
+    return import_program(path), path
+
+
+def _clear_rank(monkeypatch) -> None:
+    """What a run of main() leaves set, removed, so the next run starts as the first did."""
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
-    program = import_program(path)
+
+
+def test_one_rank_program_saves_resumes_and_exports_single_device_weights(tmp_path, monkeypatch, capsys):
+    program, path = _one_rank_mlp(tmp_path, monkeypatch)
     ck = tmp_path / "ck"
     assert program.main(["--steps", "2", "--save", str(ck), "--save-every", "1"]) == 0
     assert (ck / "step-00000001" / K.MANIFEST).exists() and (ck / K.LATEST).read_text().strip() == "step-00000002"
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(var, raising=False)
+    _clear_rank(monkeypatch)
     assert program.main(["--steps", "1", "--load", str(ck), "--save", str(ck), "--timings"]) == 0
     out = capsys.readouterr().out
     assert "resumed from" in out and (ck / "step-00000003" / K.MANIFEST).exists()
@@ -258,11 +268,7 @@ def test_one_rank_program_saves_resumes_and_exports_single_device_weights(tmp_pa
 
 
 def test_keep_leaves_the_newest_steps_and_the_latest(tmp_path, monkeypatch, capsys):
-    path = emit_model("mlp", plan_for("mlp", "dp-even", _cluster([0.3])), tmp_path / "prog")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(var, raising=False)
-    program = import_program(path)
+    program, _ = _one_rank_mlp(tmp_path, monkeypatch)
     ck = tmp_path / "ck"
     assert program.main(["--steps", "4", "--save", str(ck), "--save-every", "1", "--keep", "2"]) == 0
     assert sorted(p.name for p in ck.glob("step-*")) == ["step-00000003", "step-00000004"]
@@ -275,19 +281,15 @@ def test_keep_leaves_the_newest_steps_and_the_latest(tmp_path, monkeypatch, caps
 
 
 def test_a_save_that_cannot_be_written_is_one_line_and_keeps_the_latest(tmp_path, monkeypatch, capsys):
-    path = emit_model("mlp", plan_for("mlp", "dp-even", _cluster([0.3])), tmp_path / "prog")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(var, raising=False)
-    program = import_program(path)
+    program, _ = _one_rank_mlp(tmp_path, monkeypatch)
     ck = tmp_path / "ck"
     assert program.main(["--steps", "1", "--save", str(ck)]) == 0
+
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(program._checkpoints(), "save", disk_full)
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(var, raising=False)
+    _clear_rank(monkeypatch)
     capsys.readouterr()
     assert program.main(["--steps", "1", "--load", str(ck), "--save", str(ck)]) == 1
     err = capsys.readouterr().err

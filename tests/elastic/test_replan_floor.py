@@ -10,6 +10,7 @@ import pytest
 
 
 from tests.costmodel.cm_programs import chain_graph, custom_cluster, zero3
+from tests.process.forking import child_forks  # noqa: F401 (a fixture)
 
 import hapc.elastic.replan  # noqa: E402
 from bench.common import HAP8  # noqa: E402
@@ -100,11 +101,8 @@ def test_a_later_search_that_leads_is_sent_whole_and_one_that_cannot_as_its_time
             assert kinds == sent, (overlaps, serial)
 
 
+@pytest.mark.usefixtures("child_forks")
 def test_work_while_searching_runs_once_only_while_the_child_searches(monkeypatch):
-    from hapc.process.fork import spare_core
-
-    if not spare_core():
-        pytest.skip("one core (or HAPC_SERIAL): no child to wait for")
     old, new, survivors = _zero3_onto_a_slow_network()
     default = json.dumps(hapc.elastic.replan.replan(old, new, survivors=survivors, effort="search").plan.to_dict())
     calls: list[int] = []

@@ -12,9 +12,14 @@ from hapc.process import fork, sharedjobs
 
 @pytest.fixture
 def child_forks(monkeypatch):
-    """Fork as on a machine with a spare core (the child then shares a core: slower, as correct)."""
+    """Fork as on a machine with a spare core (the child then shares a core: slower, as correct);
+    a test that sets ``HAPC_SERIAL`` still gets the serial path."""
     if not hasattr(os, "fork"):
         pytest.skip("no os.fork on this platform")
     monkeypatch.delenv("HAPC_SERIAL", raising=False)
-    monkeypatch.setattr(fork, "spare_core", lambda: True)
-    monkeypatch.setattr(sharedjobs, "spare_core", lambda: True)
+
+    def spare_core() -> bool:
+        return not os.environ.get("HAPC_SERIAL")
+
+    monkeypatch.setattr(fork, "spare_core", spare_core)
+    monkeypatch.setattr(sharedjobs, "spare_core", spare_core)

@@ -14,6 +14,8 @@ import pytest
 from costmodel.cluster import load_cluster
 from synth import stagedp
 
+from tests.process.forking import child_forks  # noqa: F401 (a fixture)
+
 REPO = Path(__file__).resolve().parents[2]
 GPT = {"layers": 4, "hidden": 64, "heads": 4, "seq": 32, "vocab": 101, "batch": 16, "dropout": 0.0}
 
@@ -88,18 +90,16 @@ def test_collapsed_stage_counts_solve_every_problem_alike(load_model, cluster_na
                 assert stagedp.pipeline_sum(chosen) + stagedp.tail_excess(chosen) == pytest.approx(v, rel=1e-12)
 
 
+@pytest.mark.usefixtures("child_forks")
 def test_groups_synthesised_in_a_child_match_the_serial_ones(load_model, monkeypatch):
     """The groups' programs and profiles are shared with a forked child (synth.stages
     start_groups, hapc.process.sharedjobs): the plan, the programs and every profile are those found
     one after the other."""
     import torch
 
-    from hapc.process.fork import spare_core
     from hapc.frontend.tracer import trace
     from synth.stages import StagePlanner, pipeline_even
 
-    if not spare_core():
-        pytest.skip("one core: no child to compare")
     mod = load_model("gpt")
     with torch.device("meta"):
         model = mod.model(**GPT)
