@@ -68,7 +68,8 @@ class RankClasses:
 def rank_classes(program: DistProgram, cluster: Cluster | None) -> RankClasses:
     """The classes of ranks that the cost model cannot tell apart under ``program``.
 
-    The signature of a rank is its kind of device (:meth:`Cluster.device_kinds`), whether it is rank 0, and its piece length
+    The signature of a rank is its kind of device (:meth:`Cluster.device_kinds`), whether it is
+    rank 0, its share of the optimizer state under ZeRO (``state_shares``), and its piece length
     for every (length, block count) pair of the program's sharded dimensions, also taken
     with no blocking (the form :meth:`DistProgram.lengths` uses for a dimension it does not
     know), so every length the simulator or memory model can ask for is covered. Without a
@@ -84,8 +85,8 @@ def rank_classes(program: DistProgram, cluster: Cluster | None) -> RankClasses:
     shares = tuple(program.shares)
     columns = [shard_lengths(length, shares, n_blocks) for length, n_blocks in sorted(pairs)]
     keys = cluster.device_kinds() if cluster is not None else (None,) * world
-    signatures = zip(keys, (r == 0 for r in range(world)), *columns) if columns else \
-        zip(keys, (r == 0 for r in range(world)))
+    states = program.state_shares or (None,) * world      # ZeRO: each rank's share of the states
+    signatures = zip(keys, (r == 0 for r in range(world)), states, *columns)
     index: dict[tuple, int] = {}
     representatives: list[int] = []
     class_of: list[int] = []

@@ -7,7 +7,9 @@ its own piece, a ``Replicate`` or ``Partial`` value its full size):
 * **gradients**, one per trainable parameter, the size of its local piece (the gradient of a
   ``Replicate`` parameter is a full-size ``Partial``, of a ``Shard`` one a piece);
 * **optimizer state**, copies of each trainable parameter's local piece: AdamW/Adam keep
-  two (first and second moments), SGD none, SGD with momentum one;
+  two (first and second moments), SGD none, SGD with momentum one. A program with
+  ``state_shares`` (ZeRO-2, :mod:`synth.zero`) keeps only its share of the rows of a replicated
+  parameter's gradient and state, plus the buckets in flight (:func:`zero_buffer_bytes`);
 * **activations kept for backward**: the user inputs plus what autograd saves, as the tracer
   recorded it per node by running each op on meta (:mod:`hapc.frontend.saved`): each saved
   input or output once however many nodes save it (a saved view keeps its base), the other
@@ -41,6 +43,11 @@ from hapc.ir.program import Compute, DistProgram, Redistribute
 
 OPTIMIZER_COPIES = {"adamw": 2, "adam": 2, "sgd": 0, "sgd_momentum": 1, "momentum": 1, "adagrad": 1,
                     "rmsprop": 1, "none": 0}
+
+# The runtime's gradient buckets (hapc.runtime.zero): while one bucket's gradients are being
+# reduce-scattered, the next fills, and the parameter all-gather after the step goes bucket by
+# bucket; about three buckets of whole gradients or parameters are alive at once.
+ZERO_BUCKET_BYTES = 3 * 25 * 2**20
 
 PARTS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "comm_buffer_bytes")
 
@@ -157,8 +164,11 @@ def program_memory(program: DistProgram, cluster: Cluster | None = None,
         piece = pieces(name, layout)
         add("params_bytes", piece)
         if graph.values[name].requires_grad:
-            add("grads_bytes", piece)
-            add("optimizer_bytes", piece, copies)
+            state = state_pieces(program, name, piece)
+            add("grads_bytes", state)
+            add("optimizer_bytes", state, copies)
+    if program.state_shares is not None:
+        add("grads_bytes", [zero_buffer_bytes(program)] * program.world)
     for name in graph.inputs:
         add("activations_bytes", pieces(name, program.source_layouts.get(name, Replicate())))
 
@@ -190,6 +200,37 @@ def program_memory(program: DistProgram, cluster: Cluster | None = None,
     names = [d.type for d in cluster.devices] if cluster is not None else []
     label = optimizer if isinstance(optimizer, str) else f"{optimizer} copies"
     return MemoryReport(mem, capacity, label, names)
+
+
+def state_pieces(program: DistProgram, name: str, piece: Sequence[float]) -> Sequence[float]:
+    """Bytes of parameter ``name``'s gradient (and of each optimizer state copy) per rank:
+    its local piece, or under ZeRO (``program.state_shares``) a stored-replicated parameter's
+    owned rows (:meth:`DistProgram.state_rows`)."""
+    rows = program.state_rows(name) if program.state_shares is not None else None
+    if rows is None:
+        return piece
+    total = sum(rows)
+    return [b * n / total for b, n in zip(piece, rows)]
+
+
+def zero_buffer_bytes(program: DistProgram) -> float:
+    """ZeRO's buffers in flight (:data:`ZERO_BUCKET_BYTES`), or the whole gradients it shards
+    when they are fewer bytes than that (the same with or without ZeRO: a small model's)."""
+    if program.state_shares is None:
+        return 0.0
+    values = program.graph.values
+    whole = sum(values[p].meta.nbytes for p in program.graph.params if program.state_rows(p) is not None)
+    return float(min(ZERO_BUCKET_BYTES, whole))
+
+
+def zero_sync_factor(program: DistProgram) -> float:
+    """Bytes an all-reduce would move for the same time as ZeRO's synchronisation of one
+    byte of gradient: a reduce-scatter to each rank's rows and the all-gather of the updated
+    rows move as much as a ring all-reduce when the rows are even, and, padded to the largest
+    piece as uneven collectives are, ``world * max(state_shares)`` times it otherwise."""
+    if program.state_shares is None:
+        return 1.0
+    return program.world * max(program.state_shares)
 
 
 _RECENT_FACTS: list[tuple[Graph, tuple[int, int], dict[str, tuple]]] = []

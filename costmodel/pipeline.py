@@ -44,7 +44,8 @@ from typing import Any
 import numpy as np
 
 from costmodel.cluster import Cluster, Link
-from costmodel.memory import kept_for_backward, optimizer_copies, saved_extra_fraction
+from costmodel.memory import kept_for_backward, optimizer_copies, saved_extra_fraction, state_pieces, \
+    zero_buffer_bytes, zero_sync_factor
 from costmodel.simcache import SimulationCache
 from costmodel.simulator import SFB_LOCAL, _ClassFractions, factor_synced_params
 from costmodel.transfers import LocalBytes, backward_move, forward_move, local_bytes
@@ -285,10 +286,13 @@ class ProgramPricer:
                 continue
             held = piece.copy()
             if value.requires_grad:
-                held += piece * (1 + copies)
-                self.opt[i] += np.where(piece > 0, piece * accesses / hbm_Bps + cluster.launch_latency_seconds, 0.0)
+                # ZeRO-1 under micro-batches: the gradients accumulate whole, the optimizer
+                # state and its update are the rank's rows only (state_shares, synth.zero).
+                state = np.array(state_pieces(program, name, piece))
+                held += piece + state * copies
+                self.opt[i] += np.where(state > 0, state * accesses / hbm_Bps + cluster.launch_latency_seconds, 0.0)
                 if isinstance(layout, Replicate) and world > 1 and name not in synced_by_factors:
-                    self.grad[i] += piece[0]
+                    self.grad[i] += piece[0] * zero_sync_factor(program)
                     if len(uses[name]) > 1:
                         self.param_grad[name] = float(piece[0])
             self.static[i] += held
@@ -296,6 +300,8 @@ class ProgramPricer:
                 self.first_use[name] = i
                 self.param_uses[name] = uses[name]
                 self.param_static[name] = held
+        if n:
+            self.static[0] += zero_buffer_bytes(program)     # ZeRO's buckets in flight, if any
 
     def profile(self, microbatches: int) -> ProgramProfile:
         m = max(1, int(microbatches))

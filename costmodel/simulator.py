@@ -45,7 +45,7 @@ from typing import Any
 from costmodel.classes import rank_classes
 from costmodel.cluster import Cluster, load_cluster
 from costmodel.collectives import dual_variant, resolve_variant
-from costmodel.memory import PARTS, MemoryReport, optimizer_copies, program_memory
+from costmodel.memory import PARTS, MemoryReport, optimizer_copies, program_memory, state_pieces
 from costmodel.simcache import SimulationCache
 from costmodel.transfers import LocalBytes, Move, backward_move, forward_move
 from hapc.errors import UserError
@@ -158,6 +158,12 @@ class SimResult:
             starts = [r for r in starts if r == 0 or rows[r] != rows[r - 1]]
         return list(zip(starts, [*starts[1:], len(rows)]))
 
+    def _sync_kind(self) -> str:
+        """How the gradients were synchronised: all-reduced, or under ZeRO reduce-scattered to
+        each rank's rows and the updated rows all-gathered."""
+        zero = any(e.phase == "grad_sync" and e.kind != "all_reduce" for e in self.events)
+        return "reduce-scatter + all-gather (ZeRO)" if zero else "all-reduce"
+
     def table(self, batch_rows: Sequence[int] | None = None) -> str:
         """The time lines and the per-device table; ``batch_rows`` (the batch rows each rank
         computes, :func:`hapc.report.model.batch_rows`) adds a ``rows`` column beside the shares:
@@ -167,7 +173,7 @@ class SimResult:
             (f"time per iteration {self.iteration_seconds * ms:.3f} ms  (forward {self.forward_seconds * ms:.3f}, "
              f"backward {self.backward_seconds * ms:.3f}; lower bound {self.lower_bound_seconds * ms:.3f} ms, "
              f"{self.gap:.2f}x)"),
-            (f"gradient all-reduce {self.grad_sync_seconds * ms:.3f} ms, "
+            (f"gradient {self._sync_kind()} {self.grad_sync_seconds * ms:.3f} ms, "
              f"{self.exposed_grad_sync_seconds * ms:.3f} ms of it not hidden by backward"),
         ]
         rows = self._rows(batch_rows)
@@ -265,7 +271,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
     # A copy of the program's lists for the memory model, which may run later, maybe after the
     # caller has appended to the original; its byte counts serve both.
     frozen = DistProgram(graph, program.shares, dict(program.source_layouts), list(program.steps),
-                         _blocks=program.blocks())
+                         program.state_shares, _blocks=program.blocks())
     pieces = LocalBytes(frozen)
     # One timeline per class of ranks the model cannot tell apart (costmodel.classes), copied
     # to every member at the end: the same floats as one timeline per rank.
@@ -316,7 +322,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
         nonlocal bucket, bucket_size, sync_total
         if not bucket:
             return
-        variant, seconds = cache.best("all_reduce", [bucket_size] * world)
+        kind, variant, seconds = _bucket_sync(cache, program, bucket_size)
         start = max(max(clock.t), clock.channel_free)
         clock.channel_free = start + seconds
         # What compute cannot hide takes the ranks' own time (gloo on the cores that compute).
@@ -326,7 +332,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
             clock.comm[r] += blocked
         sync_total += seconds
         label = bucket[0] if len(bucket) == 1 else f"{bucket[0]} .. {bucket[-1]} ({len(bucket)} grads)"
-        clock.events.append(Event("grad_sync", label, "all_reduce", variant, start, start + seconds))
+        clock.events.append(Event("grad_sync", label, kind, variant, start, start + seconds))
         bucket, bucket_size = [], 0.0
 
     for i in range(len(program.steps) - 1, -1, -1):
@@ -525,6 +531,18 @@ def _factor_gather(clock: _Clock, cache: SimulationCache, pieces: LocalBytes, st
         clock.collective(seconds, "bwd", f"{step.node}: sufficient factors", "all_gather", variant)
 
 
+def _bucket_sync(cache: SimulationCache, program: DistProgram, nbytes: float) -> tuple[str, str, float]:
+    """(kind, variant, seconds) of synchronising one bucket of ``nbytes`` of gradients: an
+    all-reduce, or under ZeRO (``state_shares``) a reduce-scatter to each rank's rows and, after
+    the step, the all-gather of the updated rows (uneven pieces when the shares are)."""
+    if program.state_shares is None:
+        return ("all_reduce", *cache.best("all_reduce", [nbytes] * program.world))
+    pieces = [nbytes * z for z in program.state_shares]
+    scatter, t_scatter = cache.best("reduce_scatter", pieces)
+    gather, t_gather = cache.best("all_gather", pieces)
+    return "reduce_scatter+all_gather", f"{scatter}+{gather}", t_scatter + t_gather
+
+
 def _optimizer_seconds(program: DistProgram, cluster: Cluster, optimizer: str | int,
                        reps: Sequence[int], cache: SimulationCache | None = None,
                        pieces: LocalBytes | None = None) -> list[float]:
@@ -537,16 +555,14 @@ def _optimizer_seconds(program: DistProgram, cluster: Cluster, optimizer: str | 
     graph = program.graph
     pieces_of = pieces or LocalBytes(program)
     local = [0.0] * len(reps)
-    lanes = range(len(reps))
     for p in graph.params:
         if graph.values[p].requires_grad:
             layout = program.source_layouts.get(p, _REPLICATE)
             if cache is not None and not isinstance(layout, Shard):     # whole on every rank
-                whole = cache.whole_bytes(p)
-                for c in lanes:
-                    local[c] += whole
-                continue
-            piece = pieces_of(p, layout)
+                piece = [cache.whole_bytes(p)] * program.world
+            else:
+                piece = pieces_of(p, layout)
+            piece = state_pieces(program, p, piece)             # ZeRO: its rows only
             for c, r in enumerate(reps):
                 local[c] += piece[r]
     out = []

@@ -18,6 +18,7 @@ from dataclasses import replace
 from hapc.ir.program import DistProgram
 from synth.loads import snapped_to_blocks, with_shares
 from synth.stages import Pipeline, StagePlanner
+from synth.zero import with_fitted_states
 
 
 def accumulation(planner: StagePlanner, microbatches: int | None = None,
@@ -33,8 +34,9 @@ def accumulation(planner: StagePlanner, microbatches: int | None = None,
     each of them at the shares the share LP gives it under the micro-batch's memory. Counts are
     tried from the fewest micro-batches up, until one is no faster than the fewer before it:
     each doubling halves the activations held (so the LP may give fast devices more) for more
-    per-step overheads. None when none fits or the model's samples are coupled
-    (:mod:`synth.microbatching`)."""
+    per-step overheads. A try that does not fit is tried again with its optimizer state sharded
+    over the ranks (ZeRO-1, :mod:`synth.zero`). None when none fits or the model's samples are
+    coupled (:mod:`synth.microbatching`)."""
     whole = planner.group(range(planner.cluster.world))
     if microbatches is not None:
         counts = [microbatches]
@@ -55,12 +57,23 @@ def accumulation(planner: StagePlanner, microbatches: int | None = None,
                     snapped = with_shares(rebalanced, snapped_to_blocks(rebalanced, rebalanced.shares))
                     tries += [_one_stage(planner, rebalanced, m), _one_stage(planner, snapped, m)]
             for pipe in tries:
+                if pipe is not None and not pipe.fits_in(planner.cluster):
+                    pipe = _with_zero(planner, pipe, m)
                 if pipe is not None and pipe.fits_in(planner.cluster) and \
                         (best is None or pipe.iteration_seconds < best.iteration_seconds):
                     best = pipe
         if before is not None and best is before:
             break          # more micro-batches freed no memory worth their overheads
     return best
+
+
+def _with_zero(planner: StagePlanner, pipe: Pipeline, m: int) -> Pipeline | None:
+    """``pipe`` with its optimizer state sharded over the ranks as much as makes it fit (ZeRO-1:
+    the gradients accumulate whole over the micro-batches, :mod:`synth.zero`); None when no
+    state shares fit."""
+    program = with_fitted_states(pipe.stages[0].program, planner.cluster.memory_bytes(),
+                                 lambda other: _one_stage(planner, other, m, require_fit=False).cost.stage_memory_bytes[0])
+    return None if program is None else _one_stage(planner, program, m)
 
 
 def _one_stage(planner: StagePlanner, program: DistProgram, m: int, require_fit: bool = True) -> Pipeline | None:

@@ -175,9 +175,10 @@ def _pairwise_sum(values: Sequence[float], start: int, n: int) -> float:
 def with_shares(program: DistProgram, shares: Sequence[float]) -> DistProgram:
     """The same steps at other shares. Steps never depend on shares (a builder only records
     them), and neither do the block counts of sharded dimensions, so the copy takes the
-    original's, found once (a union-find over every step: a fifth of a simulation)."""
+    original's, found once (a union-find over every step: a fifth of a simulation). The state
+    shares (ZeRO, :mod:`synth.zero`) are kept: they do not follow the work."""
     return DistProgram(program.graph, tuple(float(x) for x in shares), dict(program.source_layouts),
-                       list(program.steps), _blocks=program.blocks())
+                       list(program.steps), program.state_shares, _blocks=program.blocks())
 
 
 def snapped_to_blocks(program: DistProgram, shares: Sequence[float]) -> tuple[float, ...]:

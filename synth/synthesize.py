@@ -22,11 +22,13 @@ from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
 from synth.baselines import BASELINES, baseline_programs
 from synth.costs import Prices
+from costmodel.memory import program_memory
 from hapc.process.collector import gc_paused
 from synth.loads import share_problem, snapped_to_blocks, with_shares
 from synth.ratios import MemoryInfeasible, solve_shares
 from synth.search import SearchResult, search, to_program
 from synth.space import SearchSpace
+from synth.zero import with_fitted_states, with_state_shares
 
 Progress = Callable[[str], None]
 
@@ -115,8 +117,8 @@ def _synthesize(graph: Graph, cluster: Cluster, *, time_budget: float | None, op
                 out.searches += 1
                 out.states_expanded += result.states_expanded
                 prog = to_program(space, result, shares)
-                cand = Candidate("hapc", prog, simulate(prog, cluster, optimizer=optimizer, cache=prices),
-                                 result, space)
+                cand = _fitted(Candidate("hapc", prog, simulate(prog, cluster, optimizer=optimizer, cache=prices),
+                                         result, space), cluster, optimizer, prices)
                 if round_best is None or ahead(cand, round_best):
                     round_best, round_overlap = cand, overlap
             assert round_best is not None
@@ -192,7 +194,8 @@ def _balanced_baseline(best: Candidate, cluster: Cluster, optimizer, backend: st
     lp = solution.device_shares(cluster.world)
     for shares in (lp, snapped_to_blocks(best.program, lp)):
         program = with_shares(best.program, shares)
-        cand = Candidate("hapc", program, simulate(program, cluster, optimizer=optimizer, cache=prices))
+        cand = _fitted(Candidate("hapc", program, simulate(program, cluster, optimizer=optimizer, cache=prices)),
+                       cluster, optimizer, prices)
         if ahead(cand, best):
             best = cand
     return best
@@ -204,9 +207,24 @@ def _reshared(cand: Candidate, shares: tuple[float, ...], cluster: Cluster, opti
     which has no search result to rebuild from)."""
     if cand.search is None or cand.space is None:
         return None
-    prog = with_shares(cand.program, shares)        # what to_program(space, search, shares) builds
-    return Candidate(cand.name, prog, simulate(prog, cluster, optimizer=optimizer, cache=prices), cand.search,
-                     cand.space)
+    # What to_program(space, search, shares) builds; the state shares are fitted again.
+    prog = with_state_shares(with_shares(cand.program, shares), None)
+    return _fitted(Candidate(cand.name, prog, simulate(prog, cluster, optimizer=optimizer, cache=prices),
+                             cand.search, cand.space), cluster, optimizer, prices)
+
+
+def _fitted(cand: Candidate, cluster: Cluster, optimizer, prices: SimulationCache | None = None) -> Candidate:
+    """``cand``, or when it does not fit, its program with the optimizer state of replicated
+    parameters sharded as much as makes it fit (ZeRO, :mod:`synth.zero`), if any does."""
+    if cand.fits:
+        return cand
+    program = with_fitted_states(cand.program, cluster.memory_bytes(),
+                                 lambda other: program_memory(other, cluster, optimizer).totals)
+    if program is None:
+        return cand
+    fitted = Candidate(cand.name, program, simulate(program, cluster, optimizer=optimizer, cache=prices),
+                       cand.search, cand.space)
+    return fitted if fitted.fits else cand
 
 
 def _same(a: Sequence[float], b: Sequence[float]) -> bool:

@@ -50,6 +50,7 @@ SKELETON_MAIN = Path(__file__).with_name("skeleton_main.py")     # the program's
 RUNTIME_FILES = {"hapc_local_ops.py": runtime_facts.LOCAL_OPS, "hapc_random_ops.py": runtime_facts.RANDOM_OPS,
                  "hapc_collectives.py": runtime_facts.COLLECTIVES,
                  "hapc_loss_scale.py": runtime_facts.LOSS_SCALE,   # fp16
+                 "hapc_zero.py": runtime_facts.ZERO,               # ZeRO's sharded optimizer state
                  "hapc_checkpoint.py": runtime_facts.CHECKPOINT,   # --save/--load
                  "hapc_timings.py": runtime_facts.TIMINGS}         # --timings
 BEGIN = "# ==== generated: tables and forward (begin) ===="
@@ -219,6 +220,9 @@ def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: 
         "# Replicated trainable parameters, in the order their gradients become ready in",
         "# backward: their gradients are all-reduced in buckets in this order.",
         render_tuple("GRAD_SYNC_ORDER: tuple[str, ...]", list(_grad_sync_order(program))),
+        "# ZeRO: of those, the ones whose gradient and optimizer state are kept as rows each rank",
+        "# owns (rows of the first dimension per rank); the optimizer steps those rows only.",
+        render_dict("STATE_ROWS: dict[str, tuple[int, ...]]", state_rows(program)),
         "",
         "# Ranks per node, in the cluster file's order (a multi-node launch is checked against it).",
         f"NODE_SIZES: tuple[int, ...] = {literal(_node_sizes(program, cluster))}",
@@ -324,6 +328,12 @@ def _local_calls(program: DistProgram) -> dict:
             shapes = tuple(tuple(program.graph.meta(o).shape) for o in node.outputs)
             out[step.node] = (node.op, ins, outs, shapes)
     return out
+
+
+def state_rows(program: DistProgram) -> list[tuple[str, tuple[int, ...]]]:
+    """(parameter, rows each rank owns) of the gradient-synchronised parameters ZeRO shards."""
+    rows = ((p, program.state_rows(p)) for p in _grad_sync_order(program))
+    return [(p, tuple(n)) for p, n in rows if n is not None]
 
 
 def _grad_sync_order(program: DistProgram) -> tuple[str, ...]:
@@ -567,7 +577,8 @@ Run (N = {n}; the rank's device comes from torchrun's LOCAL_RANK):
         [--timings]                                  # per-rank compute, comm and idle seconds
 
 Files beside this one: {model_name} (the model file), hapc_local_ops.py, hapc_random_ops.py,
-hapc_collectives.py, hapc_loss_scale.py, hapc_checkpoint.py and hapc_timings.py (the runtime). Only torch is needed. The plan is data (the tables below); ``forward`` is one
+hapc_collectives.py, hapc_loss_scale.py, hapc_zero.py, hapc_checkpoint.py and hapc_timings.py (the
+runtime). Only torch is needed. The plan is data (the tables below); ``forward`` is one
 line per step of the plan, with the user's source line above the ops it produced; a block of steps
 repeated layer after layer is one function (``block_<k>``) that ``forward`` calls once per layer.
 

@@ -69,7 +69,8 @@ def emit_pipeline(plan: Plan, out_dir: str | Path, micro: MicroTrace | None = No
 
 def on_graph(program: DistProgram, graph: Graph) -> DistProgram:
     """``program``'s strategies on another graph of the same structure (the micro-batch's)."""
-    return DistProgram(graph, tuple(program.shares), dict(program.source_layouts), list(program.steps))
+    return DistProgram(graph, tuple(program.shares), dict(program.source_layouts), list(program.steps),
+                       program.state_shares)
 
 
 # ---- stages --------------------------------------------------------------------------------------
@@ -321,6 +322,7 @@ def _stage_table(k: int, code: _StageCode, crossing: list[list[str]], codes: lis
         "local_calls": local_calls,
         "random_batch_dims": {n: d for n, d in draws.items() if n in local_calls},
         "grad_sync_order": sync,
+        "state_rows": {p: rows for p, rows in emitter.state_rows(program) if p in params},
     }
     inner = "".join(f"        {key!r}: {value!r},\n" for key, value in fields.items())
     return (f"    # stage {k}: nodes {code.first}..{code.stop - 1} ({first_name} .. {last_name}) "

@@ -34,6 +34,7 @@ PIPELINE = RUNTIME / "pipeline.py"           # copied as hapc_pipeline.py (pipel
 CHECKPOINT = RUNTIME / "checkpoint.py"       # copied as hapc_checkpoint.py (--save/--load)
 TIMINGS = RUNTIME / "timings.py"             # copied as hapc_timings.py (--timings)
 LOSS_SCALE = RUNTIME / "loss_scale.py"       # copied as hapc_loss_scale.py (fp16's loss scaling)
+ZERO = RUNTIME / "zero.py"                   # copied as hapc_zero.py (ZeRO's owned rows)
 
 
 @functools.cache

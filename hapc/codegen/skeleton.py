@@ -59,6 +59,7 @@ L = _load("hapc_local_ops", "hapc_local_ops.py")          # per-rank pieces of s
 R = _load("hapc_random_ops", "hapc_random_ops.py")        # random draws any rank can make for its piece
 C = _load("hapc_collectives", "hapc_collectives.py")      # uneven collectives, autograd duals
 S = _load("hapc_loss_scale", "hapc_loss_scale.py")        # fp16's dynamic loss scaling, agreed by all ranks
+Z = _load("hapc_zero", "hapc_zero.py")                    # ZeRO: optimizer state in owned rows
 aten = torch.ops.aten
 
 # ==== generated: tables and forward (begin) ====
@@ -78,6 +79,7 @@ INPUTS: tuple[str, ...] = ()
 SHARDS: dict[str, tuple[int, tuple[int, ...]]] = {}
 LOCAL_CALLS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]] = {}
 GRAD_SYNC_ORDER: tuple[str, ...] = ()
+STATE_ROWS: dict[str, tuple[int, ...]] = {}
 NODE_SIZES: tuple[int, ...] = (1,)
 TRACED_FOR = "cpu"
 PRECISION = "fp32"
@@ -236,7 +238,14 @@ class Trainer:
         constants = _constants(self.module, self.kwargs) if CONSTANTS else {}
         for name, target in CONSTANTS.items():
             self.sources[name] = self.rt.piece(name, constants[target].detach()).to(self.device).clone()
-        self.sync = C.GradSync(self.comm, [self.sources[n] for n in GRAD_SYNC_ORDER], overlap=overlap_grad_sync)
+        self.sync = C.GradSync(self.comm, [self.sources[n] for n in GRAD_SYNC_ORDER if n not in STATE_ROWS],
+                               overlap=overlap_grad_sync)
+        # ZeRO (STATE_ROWS): these gradients are reduce-scattered to the rows each rank owns.
+        self.zero = Z.StateShards(self.comm, [self.sources[n] for n in GRAD_SYNC_ORDER if n in STATE_ROWS],
+                                  [STATE_ROWS[n] for n in GRAD_SYNC_ORDER if n in STATE_ROWS],
+                                  overlap=overlap_grad_sync)
+        # What the optimizer steps, by module attribute: the leaf, or under ZeRO its owned rows.
+        self.stepped = {target: self.zero.stepped(leaf) for target, leaf in self.params.items()}
         self.scaler = make_loss_scaler(self.device)
         self.verdict = self.scaler.before_first_step()       # the last step's: skipped or not, its loss scale
 
@@ -244,8 +253,9 @@ class Trainer:
         """Forward, backward and gradient synchronisation for one batch; returns the global loss.
 
         ``batch`` is the global batch (the same on every rank; each takes its piece), or with
-        ``local=True`` this rank's pieces already. Gradients land in ``.grad`` of the local
-        leaves, complete for this rank's pieces: step your optimizer, then zero them. Under fp16
+        ``local=True`` this rank's pieces already. Gradients land in ``.grad`` of the tensors in
+        ``self.stepped``, complete for this rank's pieces: step your optimizer on those, call
+        :meth:`share_updates`, then zero them. Under fp16
         the loss is scaled for backward and the gradients unscaled after their all-reduce; a
         step whose gradients overflowed on any rank leaves them None on every rank
         (``self.verdict.skipped``), so an optimizer step changes nothing.
@@ -271,10 +281,15 @@ class Trainer:
             # runs every collective of the backward on every rank).
             (self.scaler.scale_loss(loss) if LOSS_PARTIAL or self.rank == 0 else loss * 0).backward()
             self.sync.finish()
+            self.zero.finish()
         if summing is not None:
             summing.wait()
-        self.verdict = self.scaler.finish(list(self.params.values()))     # unscale the synced gradients
+        self.verdict = self.scaler.finish(list(self.stepped.values()))    # unscale the synced gradients
         return total
+
+    def share_updates(self) -> None:
+        """After the optimizer step: under ZeRO, every rank's updated rows to every rank."""
+        self.zero.share_updates()
 
     def full_grads(self) -> dict[str, torch.Tensor]:
         """Every parameter's whole gradient (sharded ones gathered), on every rank."""
@@ -282,7 +297,9 @@ class Trainer:
         for name, target in PARAMS.items():
             leaf = self.sources[name]
             g = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-            if name in SHARDS:
+            if name in STATE_ROWS:
+                g = self.zero.whole_grad(leaf)
+            elif name in SHARDS:
                 dim, lengths = SHARDS[name]
                 g = C.gather(self.comm, g, dim, lengths)
             out[target] = g
@@ -332,11 +349,16 @@ def constants_problem() -> str | None:
 def build(device: str | torch.device = "cpu", **options: Any):
     """This rank's parameters and a step function, inside an initialised process group.
 
-    Returns ``(params, step)``: ``params`` maps module attribute names to this rank's local
-    leaf tensors (give them to any elementwise optimizer: AdamW, Adam, SGD ...), and
-    ``step(batch, local=False)`` runs forward, backward and the gradient all-reduce and returns
-    the global loss. Options: ``model_kwargs``, ``seed``, ``overlap_grad_sync``.
+    Returns ``(params, step)``: ``params`` maps module attribute names to the tensors this rank
+    updates (give them to any elementwise optimizer: AdamW, Adam, SGD ...), and
+    ``step(batch, local=False)`` runs forward, backward and the gradient synchronisation and
+    returns the global loss. Options: ``model_kwargs``, ``seed``, ``overlap_grad_sync``. A plan
+    with ZeRO (``STATE_ROWS``) is refused: its updates need :meth:`Trainer.share_updates` after
+    each optimizer step, so use :class:`Trainer` itself.
     """
+    if STATE_ROWS:
+        raise RuntimeError("this plan shards optimizer state (ZeRO): use Trainer(device), step the "
+                           "optimizer on trainer.stepped and call trainer.share_updates() after it")
     trainer = Trainer(device, **options)
     return trainer.params, trainer.step
 

@@ -226,14 +226,28 @@ def checkpoint_tensors(trainer: Trainer) -> dict[str, Any]:
     return out
 
 
+def stepped_placements(trainer: Trainer) -> dict[str, Any]:
+    """Where the tensors the optimizer steps sit in their parameters, for those that are not the
+    rank's whole piece: under ZeRO the owned rows, so the moments are saved as those rows."""
+    K = _checkpoints()
+    out = {}
+    for target, tensor in trainer.stepped.items():
+        first = trainer.zero.first_row(trainer.params[target])
+        if first is not None:
+            whole = tuple(trainer.params[target].shape)
+            out[target] = K.Held(tensor, (first,) + (0,) * (len(whole) - 1), whole)
+    return out
+
+
 def save_checkpoint(directory: str, trainer: Trainer, optimizer: torch.optim.Optimizer,
                     data_position: int) -> Path:
     """Save parameters, buffers, optimizer state, step and data position (every rank calls it)."""
     K = _checkpoints()
     scaler = trainer.scaler.state_dict() if trainer.scaler.enabled else {"scale": 0.0, "growth_tracker": 0}
-    return K.save(directory, checkpoint_tensors(trainer), trainer.module, optimizer, trainer.params,
+    return K.save(directory, checkpoint_tensors(trainer), trainer.module, optimizer, trainer.stepped,
                   K.Progress(trainer.steps_done, data_position, scaler["scale"], scaler["growth_tracker"]),
-                  model_file=MODEL_FILE, model_kwargs=trainer.kwargs, world=WORLD, others=held_elsewhere(trainer))
+                  model_file=MODEL_FILE, model_kwargs=trainer.kwargs, world=WORLD, others=held_elsewhere(trainer),
+                  stepped=stepped_placements(trainer))
 
 
 def held_elsewhere(trainer: Trainer) -> frozenset[str]:
@@ -261,8 +275,8 @@ def prune_checkpoints(root: str, keep: int) -> None:
 def load_checkpoint(directory: str, trainer: Trainer, optimizer: torch.optim.Optimizer) -> int:
     """Load a checkpoint saved by any plan of this model; returns the data position."""
     K = _checkpoints()
-    progress = K.load(directory, checkpoint_tensors(trainer), trainer.module, optimizer, trainer.params,
-                      held_elsewhere(trainer))
+    progress = K.load(directory, checkpoint_tensors(trainer), trainer.module, optimizer, trainer.stepped,
+                      held_elsewhere(trainer), stepped_placements(trainer))
     trainer.steps_done = progress.step        # dropout masks and step numbers continue
     trainer.scaler.load_state_dict({"scale": progress.loss_scale, "growth_tracker": progress.scale_growth_tracker})
     return progress.data_position
@@ -395,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         trainer = make_trainer(device)
-        optimizer = make_optimizer(list(trainer.params.values()))
+        optimizer = make_optimizer(list(trainer.stepped.values()))
         batch = tuple(_call_with(M.inputs, trainer.kwargs))
         ok, times = True, []
         first = 0
@@ -430,6 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             verdict = trainer.verdict               # fp16: agreed by every rank (hapc_loss_scale.py)
             if not verdict.skipped:
                 optimizer.step()
+                trainer.share_updates()             # ZeRO: every rank's updated rows to all
             optimizer.zero_grad(set_to_none=True)
             synchronize()
             seconds += time.perf_counter() - start

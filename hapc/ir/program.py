@@ -8,6 +8,9 @@ It is an ordered list of instructions over named values:
 Sources (parameters, buffers, inputs) start in ``source_layouts``: a ``Shard`` parameter is
 stored sharded (ZeRO-3 style when it is gathered before use). Every rank computes from the
 same program; which piece it holds follows from ``shares`` and :meth:`DistProgram.blocks`.
+``state_shares``, when set, shards the optimizer state (and, in one-stage programs, the
+gradients) of the parameters stored replicated, ZeRO-1/2 style: rank ``r`` keeps
+``state_shares[r]`` of each one's rows and updates only those (:mod:`synth.zero`).
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class DistProgram:
     shares: tuple[float, ...]
     source_layouts: dict[str, Layout]
     steps: list[Step] = field(default_factory=list)
+    state_shares: tuple[float, ...] | None = None
     _blocks: dict[tuple[str, int], int] | None = field(default=None, repr=False)
     _pieces: tuple[Any, dict[tuple, tuple]] | None = field(default=None, repr=False,
                                                                                 compare=False)
@@ -163,6 +167,20 @@ class DistProgram:
 
     def _dim(self, value: str, dim: int) -> int:
         return dim + len(self.shape(value)) if dim < 0 else dim
+
+    def state_rows(self, name: str) -> list[int] | None:
+        """Under ZeRO (``state_shares``), the rows of parameter ``name``'s first dimension each
+        rank owns (its optimizer state, and its gradient in a one-stage program); None when the
+        parameter is not sharded so: not trainable, not stored replicated, a scalar, or with
+        fewer rows than would give every rank one."""
+        if self.state_shares is None:
+            return None
+        value = self.graph.values[name]
+        if not value.requires_grad or not isinstance(self.source_layouts.get(name, Replicate()), Replicate) \
+                or not value.meta.shape:
+            return None
+        rows = _piece_lengths(value.meta.shape[0], self.state_shares, value.meta.shape[0])
+        return list(rows) if min(rows) > 0 else None
 
     def lengths(self, value: str, dim: int) -> list[int]:
         """Piece lengths of ``value`` along its sharded ``dim``, one per rank."""

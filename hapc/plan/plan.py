@@ -25,14 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from costmodel.cluster import Cluster, load_cluster
-from costmodel.collectives import METHOD_NAMES
 from costmodel.simulator import SimResult, simulate
 from hapc.errors import UserError
 from hapc.ir.graph import Graph, hash_of_json
-from hapc.ir.layout import Layout, parse_layout
 from hapc.ir.precision import Precision
-from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
+from hapc.ir.program import DistProgram, Redistribute
 from hapc.plan.paths import loaded_model_path, stored_model_path
+from hapc.plan.program_json import program_from_dict, state_shares_entry, steps_to_dict
 from hapc.process.collector import gc_paused
 
 if TYPE_CHECKING:
@@ -195,7 +194,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         """plan.json's data (canonical). For a loaded graph the ``graph`` entry is the dict read
         from the file, shared with the plan's next save: read it, do not change it."""
-        steps = _steps_to_dict(self.program)
+        steps = steps_to_dict(self.program)
         section = _GraphSection.of(self.graph)
         graph = section.data if section is not None else self.graph.to_dict()
         sim = self.sim
@@ -208,7 +207,7 @@ class Plan:
             "model": self.model,
             "graph_hash": section.hash if section is not None else hash_of_json(graph),   # Graph.hash
             "cluster": cluster,
-            "shares": list(self.program.shares),
+            "shares": list(self.program.shares), **state_shares_entry(self.program),
             "source_layouts": {k: repr(v) for k, v in sorted(self.program.source_layouts.items())},
             "predicted": {
                 "iteration_seconds": sim.iteration_seconds,
@@ -299,7 +298,7 @@ class Plan:
     def from_dict(data: dict[str, Any]) -> Plan:
         graph = Graph.from_dict(data["graph"])
         cluster = load_cluster(data["cluster"])
-        program = _program_from_dict(graph, data)
+        program = program_from_dict(graph, data)
         model = data.get("model", {})
         pipeline = None
         if "pipeline" in data:
@@ -352,60 +351,6 @@ def prepare_save(graph: Graph) -> None:
         _ = section.hash
 
 
-def _steps_to_dict(program: DistProgram) -> list[dict[str, Any]]:
-    """The program's steps, JSON-ready and canonical as they are (strings, ints, lists: no float)."""
-    steps: list[dict[str, Any]] = []
-    for s in program.steps:
-        if isinstance(s, Compute):
-            steps.append({"compute": s.node, "inputs": [repr(x) for x in s.strategy.inputs],
-                          "outputs": [repr(x) for x in s.strategy.outputs], "local": s.strategy.local,
-                          "rescale": list(s.strategy.rescale) if s.strategy.rescale else None,
-                          "reads": list(s.inputs)})
-        else:
-            steps.append({"redistribute": s.src, "out": s.out, "from": repr(s.src_layout),
-                          "to": repr(s.dst_layout), "method": s.method})
-    return steps
-
-
-def _program_from_dict(graph: Graph, data: dict[str, Any]) -> DistProgram:
-    """A program from its ``shares``, ``source_layouts`` and ``steps`` entries, which are
-    checked first: shares are fractions of the work that sum to 1, methods are known names."""
-    shares = data["shares"]
-    if not isinstance(shares, list) or not shares or not all(
-            type(x) in (int, float) and math.isfinite(x) and x >= 0 for x in shares) \
-            or abs(math.fsum(shares) - 1) > 1e-6:
-        raise UserError("shares: expected non-negative fractions of the work that sum to 1, "
-                        f"got {str(shares)[:80]}")
-    methods = {s["method"] for s in data["steps"] if "redistribute" in s}
-    if not methods <= METHOD_NAMES:
-        raise UserError(f"steps: unknown collective method {sorted(map(str, methods - METHOD_NAMES))[0]!r}; "
-                        f"expected one of {', '.join(sorted(METHOD_NAMES))}")
-    layout_of = _LAYOUTS.__getitem__
-    program = DistProgram(graph, tuple(shares),
-                          {k: layout_of(v) for k, v in data["source_layouts"].items()})
-    for s in data["steps"]:
-        if "compute" in s:
-            strat = Strategy(tuple(layout_of(x) for x in s["inputs"]),
-                             tuple(layout_of(x) for x in s["outputs"]), s["local"],
-                             tuple(s["rescale"]) if s["rescale"] else None)
-            program.steps.append(Compute(s["compute"], strat, tuple(s["reads"])))
-        else:
-            program.steps.append(Redistribute(s["redistribute"], s["out"], layout_of(s["from"]),
-                                              layout_of(s["to"]), s["method"]))
-    return program
-
-
-class _LayoutsByText(dict):
-    """Layout text -> the (frozen) layout: a plan names a few layouts thousands of times."""
-
-    def __missing__(self, text: str) -> Layout:
-        layout = self[text] = parse_layout(text)
-        return layout
-
-
-_LAYOUTS = _LayoutsByText()
-
-
 def _pipeline_to_dict(pipeline: Pipeline, graph: Graph) -> dict[str, Any]:
     """Stages with their node range (and names, for readers), group ranks and group program;
     the predicted figures are there for readers and recomputed on load."""
@@ -414,9 +359,9 @@ def _pipeline_to_dict(pipeline: Pipeline, graph: Graph) -> dict[str, Any]:
         stages.append({
             "first_node": st.first_node, "stop_node": st.stop_node,
             "first_node_name": graph.nodes[st.first_node].name, "last_node_name": graph.nodes[st.stop_node - 1].name,
-            "ranks": list(st.ranks), "shares": list(st.program.shares),
+            "ranks": list(st.ranks), "shares": list(st.program.shares), **state_shares_entry(st.program),
             "source_layouts": {k: repr(v) for k, v in sorted(st.program.source_layouts.items())},
-            "steps": _steps_to_dict(st.program),
+            "steps": steps_to_dict(st.program),
             "predicted": {"fwd_seconds_per_microbatch": st.cost.fwd_seconds if st.cost else 0.0,
                           "bwd_seconds_per_microbatch": st.cost.bwd_seconds if st.cost else 0.0,
                           "end_seconds": end, "memory_bytes": list(mem)},
@@ -429,7 +374,7 @@ def _pipeline_to_dict(pipeline: Pipeline, graph: Graph) -> dict[str, Any]:
 def _pipeline_from_dict(data: dict[str, Any], graph: Graph, cluster: Cluster, optimizer: str) -> Pipeline:
     from synth.stages import price_stages
 
-    specs = [(st["first_node"], st["stop_node"], tuple(st["ranks"]), _program_from_dict(graph, st))
+    specs = [(st["first_node"], st["stop_node"], tuple(st["ranks"]), program_from_dict(graph, st))
              for st in data["stages"]]
     pipe = price_stages(graph, cluster, specs, int(data["microbatches"]), data["schedule"], optimizer)
     pipe.search = dict(data.get("search", {}))

@@ -8,17 +8,16 @@ that global tensor, in the ``torch.distributed.checkpoint`` (DCP) format. Loadin
 this rank's piece under the *new* plan; DCP reads the overlapping parts of the saved chunks
 (the resharding), whatever plan and world size wrote them.
 
-DCP's default planners only know plain tensors (whole), ``DTensor`` (even pieces on a mesh) and
-the deprecated ``ShardedTensor``; hapc's pieces are uneven, so :class:`_PieceSavePlanner` and
-:class:`_PieceLoadPlanner` describe them directly with ``ChunkStorageMetadata`` offsets. The
-files are standard DCP: ``torch.distributed.checkpoint.load`` or ``format_utils`` read them.
+DCP's planners know whole tensors, ``DTensor`` (even pieces) and ``ShardedTensor``; hapc's pieces
+are uneven, so :class:`_PieceSavePlanner` and :class:`_PieceLoadPlanner` describe them as
+``ChunkStorageMetadata`` offsets. The files are standard DCP (``dcp.load`` reads them).
 
 What a checkpoint holds (keys in the DCP state dict):
 
 * ``model/<attr>``: parameters and buffers by module attribute (what ``model.state_dict()``
   calls them), pieces or replicated;
-* ``optim/<attr>/<key>``: the optimizer's per-parameter state (AdamW ``exp_avg``,
-  ``exp_avg_sq`` cut like the parameter, ``step`` replicated), ``optim/param_groups``;
+* ``optim/<attr>/<key>``: the optimizer's per-parameter state (AdamW ``exp_avg``, ``exp_avg_sq``
+  cut like the parameter, or as the rows a rank owns under ZeRO; ``step`` replicated), ``optim/param_groups``;
 * ``progress``: the step, the data position and an fp16 program's loss scale, to resume there.
 
 Beside the DCP files, ``hapc-checkpoint.json`` (written last: its presence marks a complete
@@ -275,14 +274,15 @@ def _merged_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def save(root: str | os.PathLike, held: Mapping[str, Held], module: torch.nn.Module,
          optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor], progress: Progress,
-         *, model_file: str, model_kwargs: Mapping[str, Any], world: int, others: frozenset[str] = frozenset()) -> Path:
-    """Save this rank's part of a checkpoint (every rank calls it) to ``root/step-NNNNNNNN``; returns
-    it. ``held``: this rank's parameters and buffers by attribute; ``params``: attribute -> the tensor
-    the optimizer steps; ``others``: attributes only other ranks hold (other pipeline stages')."""
+         *, model_file: str, model_kwargs: Mapping[str, Any], world: int, others: frozenset[str] = frozenset(),
+         stepped: Mapping[str, Held] | None = None) -> Path:
+    """Save this rank's part of a checkpoint (every rank calls it) to ``root/step-NNNNNNNN``; returns it.
+    ``held``: parameters and buffers by attribute; ``params``: attribute -> what the optimizer steps,
+    placed by ``stepped`` if not the piece (ZeRO's rows); ``others``: only other ranks' (stages')."""
     directory = Path(root) / f"step-{progress.step:08d}"
     tensors = model_tensors(held, module, others)
     entries: dict[str, Any] = {f"{MODEL}{k}": h for k, h in tensors.items()}
-    entries.update(_optimizer_entries(optimizer, params, tensors))
+    entries.update(_optimizer_entries(optimizer, params, {**tensors, **(stepped or {})}))
     if others:      # each stage's optimizer steps its own parameters: the groups list everyone's
         entries[PARAM_GROUPS] = _merged_groups(entries[PARAM_GROUPS])
     entries[PROGRESS] = dataclasses.asdict(progress)
@@ -403,7 +403,8 @@ def check_model(manifest: Mapping[str, Any], listed: Mapping[str, Any], where: P
 
 
 def load(path: str | os.PathLike, held: Mapping[str, Held], module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         params: Mapping[str, torch.Tensor], others: frozenset[str] = frozenset()) -> Progress:
+         params: Mapping[str, torch.Tensor], others: frozenset[str] = frozenset(),
+         stepped: Mapping[str, Held] | None = None) -> Progress:
     """Load a checkpoint saved under any plan and world size into this rank's pieces (every
     rank calls it): parameters and buffers in place, the optimizer's state through
     ``load_state_dict``. Returns where training stood. Raises :class:`CheckpointError` (the
@@ -423,7 +424,7 @@ def load(path: str | os.PathLike, held: Mapping[str, Held], module: torch.nn.Mod
     metadata = reader.read_metadata()
     # Loaded into fresh tensors first, copied in only once everything has been read.
     entries: dict[str, Any] = {f"{MODEL}{k}": h.like(torch.empty_like(h.tensor)) for k, h in tensors.items()}
-    entries.update(_optimizer_slots(metadata.state_dict_metadata, tensors, directory, others))
+    entries.update(_optimizer_slots(metadata.state_dict_metadata, {**tensors, **(stepped or {})}, directory, others))
     entries[PROGRESS] = None
     state, pieces = _split(entries)
     try:
@@ -593,8 +594,7 @@ def _barrier() -> None:
 
 
 def _from_rank0(value: Any) -> Any:
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return value
     box = [value]
-    dist.broadcast_object_list(box, src=0)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
     return box[0]

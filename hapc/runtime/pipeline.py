@@ -126,6 +126,8 @@ class PipelineTrainer:
         # fp16: the loss scale and its skip decision are the whole world's, idle ranks included.
         self.scaler = P.make_loss_scaler(self.device)
         self.verdict = self.scaler.before_first_step()
+        self.zero = P.Z.StateShards(None, [], [])       # ZeRO's owned rows: none unless the stage has them
+        self.stepped: dict[str, torch.Tensor] = {}      # what the optimizer steps, by module attribute
         if self.stage_index is None:            # a device the plan leaves idle
             self.rt = types.SimpleNamespace(ran=[], tied=[])
             return
@@ -143,7 +145,13 @@ class PipelineTrainer:
         constants = P._constants(self.module, self.kwargs) if st["constants"] else {}
         for name, target in st["constants"].items():
             self.sources[name] = self.rt.piece(name, constants[target].detach()).to(self.device).clone()
-        self.sync = P.C.GradSync(self.comm, [self.sources[n] for n in st["grad_sync_order"]], overlap=False)
+        rows = st["state_rows"]
+        self.sync = P.C.GradSync(self.comm, [self.sources[n] for n in st["grad_sync_order"] if n not in rows],
+                                 overlap=False)
+        zero = [n for n in st["grad_sync_order"] if n in rows]
+        self.zero = P.Z.StateShards(self.comm, [self.sources[n] for n in zero], [rows[n] for n in zero],
+                                    overlap=False)
+        self.stepped = {target: self.zero.stepped(leaf) for target, leaf in self.params.items()}
 
     # ---- one training step ----------------------------------------------------------------------
     def step(self, batch: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -167,6 +175,7 @@ class PipelineTrainer:
                     losses.append(self._backward(mb))
                     counts.append(mb.count)
             self.sync.finish()                   # once, after the last micro-batch
+            self.zero.finish()
             self._wait_sends()
             self._sum_shared_gradients()
             if self.last:
@@ -181,15 +190,19 @@ class PipelineTrainer:
         if P.LOSS_COUNT:
             self._divide_gradients(total[1])
         # Unscale the synced gradients; every rank of every stage skips or steps together.
-        self.verdict = self.scaler.finish(list(self.params.values()))
+        self.verdict = self.scaler.finish(list(self.stepped.values()))
         return (total[0] / total[1]).float() if P.LOSS_COUNT else total[0].float()
+
+    def share_updates(self) -> None:
+        """After the optimizer step: under ZeRO, every stage member's updated rows to the others."""
+        self.zero.share_updates()
 
     def _divide_gradients(self, count: torch.Tensor) -> None:
         """A LOSS_COUNT loss: every gradient so far is the sum over counted targets; the model's
         mean divides by their number."""
-        for leaf in self.sources.values():
-            if leaf.grad is not None:
-                leaf.grad.div_(count.to(leaf.grad.dtype))
+        for tensor in self.stepped.values():
+            if tensor.grad is not None:
+                tensor.grad.div_(count.to(tensor.grad.dtype))
 
     def _count(self, results: dict[str, torch.Tensor]) -> torch.Tensor:
         """What the loss node's mean divides by on this micro-batch: its targets that are not the
@@ -353,6 +366,8 @@ class PipelineTrainer:
     def _whole_grad(self, name: str) -> torch.Tensor:
         """This stage's whole gradient of ``name`` (gathered when sharded; every member joins)."""
         leaf = self.sources[name]
+        if name in self.stage["state_rows"]:
+            return self.zero.whole_grad(leaf)
         g = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
         if name in self.stage["shards"]:
             dim, lengths = self.stage["shards"][name]

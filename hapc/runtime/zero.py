@@ -1,0 +1,216 @@
+"""ZeRO-1/2 for the parameters a program stores replicated: each rank owns some rows of each.
+
+Every rank holds each such parameter whole (the forward and backward read it whole), but rank
+``r`` owns rows ``[offset[r], offset[r] + lengths[r])`` of its first dimension: only those rows'
+gradient is kept after backward and only those rows' optimizer state exists on the rank. The
+optimizer is given the owned rows as views of the parameter (:meth:`StateShards.stepped`), so
+its update writes straight into the parameter; :meth:`StateShards.share_updates` then
+all-gathers every rank's updated rows, and all replicas are equal again.
+
+**The gradient reduce-scatter.** Gradients go bucket by bucket, in the order backward produces
+them (hooks, as DDP and :class:`hapc_collectives.GradSync` do), or all at once after the last
+micro-batch of an accumulating step. A bucket's buffer is laid out rank-major, padded to the
+largest rank's piece, so one equal-piece reduce-scatter hands each rank its rows of every
+parameter in the bucket (the rows may be uneven: a device with more memory owns more). The
+parameter's whole gradient is freed as soon as its bucket is copied: under ZeRO-2 no rank holds
+a whole gradient for longer than a bucket's wait. Backends without reduce-scatter (older gloo)
+all-reduce the padded buffer and keep their piece: the same numbers, more traffic.
+
+**Why rows.** A piece of the first dimension is a contiguous view of the parameter and a block
+of it at a known offset, the same form as every other piece a plan cuts, so checkpoints store
+the optimizer moments as chunks of the parameter's global shape and load them under any plan.
+
+Depends on torch only: code generation copies it beside emitted programs as ``hapc_zero.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_all_gather_equal = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_equal = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+BUCKET_BYTES = 25 * 2**20
+IN_FLIGHT = 2          # buckets reduced at once after an accumulating step (bounds the buffers)
+
+
+class _Bucket:
+    """Parameters synchronised together, and where each rank's rows of them sit in its buffer."""
+
+    def __init__(self, members: list[int], lengths: Sequence[Sequence[int]], row_numel: Sequence[int],
+                 world: int) -> None:
+        self.members = members
+        # sizes[r]: elements of rank r's rows of every member, in member order
+        self.sizes = [sum(lengths[i][r] * row_numel[i] for i in members) for r in range(world)]
+        self.padded = max(self.sizes)
+
+
+class StateShards:
+    """The gradient synchronisation and the update sharing of ZeRO-1/2 (see the module
+    docstring). ``params``: the replicated trainable leaves, in the order their gradients
+    become ready; ``lengths[i][r]``: the rows of ``params[i]`` rank ``r`` of ``comm`` owns (every
+    rank at least one). ``overlap``: reduce each bucket as soon as backward fills it (one
+    backward per step); otherwise :meth:`finish` reduces them all (after accumulating)."""
+
+    def __init__(self, comm: Any, params: Sequence[torch.Tensor], lengths: Sequence[Sequence[int]],
+                 *, overlap: bool = True, bucket_bytes: int = BUCKET_BYTES) -> None:
+        if len(params) != len(lengths) or any(len(n) != comm.world or min(n) < 1 or sum(n) != p.shape[0]
+                                              for p, n in zip(params, lengths)):
+            raise ValueError("state shards: every parameter needs one positive row count per rank, "
+                             "summing to its first dimension")
+        self.comm = comm
+        self.params = list(params)
+        self.lengths = [list(n) for n in lengths]
+        self.offsets = [[sum(n[:r]) for r in range(comm.world)] for n in self.lengths]
+        self.row_numel = [p[0].numel() for p in self.params]
+        me = getattr(comm, "rank", -1)        # a rank no pipeline stage uses has no group
+        # What the optimizer steps: this rank's rows, a view of the parameter (its storage).
+        self.shards = [p.detach()[o[me]:o[me] + n[me]] for p, o, n in zip(self.params, self.offsets, self.lengths)]
+        self._index = {id(p): i for i, p in enumerate(self.params)}
+        self.buckets: list[_Bucket] = []
+        members: list[int] = []
+        size = 0
+        for i, p in enumerate(self.params):
+            if members and size + p.numel() * p.element_size() > bucket_bytes:
+                self.buckets.append(_Bucket(members, self.lengths, self.row_numel, comm.world))
+                members, size = [], 0
+            members.append(i)
+            size += p.numel() * p.element_size()
+        if members:
+            self.buckets.append(_Bucket(members, self.lengths, self.row_numel, comm.world))
+        self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket.members}
+        self._ready = [0] * len(self.buckets)
+        self._launched: list[tuple[Any, torch.Tensor, _Bucket, bool]] = []
+        self._done = 0
+        if overlap:
+            for p in self.params:
+                p.register_post_accumulate_grad_hook(self._on_grad)
+
+    # ---- what the optimizer and the checkpoint see ------------------------------------------
+    def stepped(self, leaf: torch.Tensor) -> torch.Tensor:
+        """The tensor the optimizer steps for ``leaf``: its owned rows, or ``leaf`` itself when
+        the leaf is not sharded here."""
+        i = self._index.get(id(leaf))
+        return leaf if i is None else self.shards[i]
+
+    def first_row(self, leaf: torch.Tensor) -> int | None:
+        """The first row ``leaf``'s owned rows start at (None: not sharded here)."""
+        i = self._index.get(id(leaf))
+        return None if i is None else self.offsets[i][self.comm.rank]
+
+    # ---- gradients ----------------------------------------------------------------------------
+    def _on_grad(self, p: torch.Tensor) -> None:
+        b = self._bucket_of[self._index[id(p)]]
+        self._ready[b] += 1
+        while self._done + len(self._launched) < len(self.buckets):
+            nxt = self._done + len(self._launched)
+            if self._ready[nxt] < len(self.buckets[nxt].members):
+                break
+            self._launch(self.buckets[nxt])
+
+    def _launch(self, bucket: _Bucket) -> None:
+        """Copy the bucket's gradients rank-major into a padded buffer, free them, and start the
+        reduce-scatter (asynchronously)."""
+        p_world = self.comm.world
+        grads = []
+        for i in bucket.members:
+            p = self.params[i]
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            grads.append(torch.split(g.reshape(p.shape[0], -1), self.lengths[i]))
+            p.grad = None                   # ZeRO-2: only the owned rows outlive the bucket
+        pieces = []
+        for r in range(p_world):
+            pieces += [split[r].reshape(-1) for split in grads]
+            if bucket.sizes[r] < bucket.padded:
+                pieces.append(grads[0][0].new_zeros(bucket.padded - bucket.sizes[r]))
+        flat = torch.cat(pieces)
+        del grads, pieces
+        if self.comm.can_reduce_scatter:
+            out = flat.new_empty(bucket.padded)
+            try:
+                work = _reduce_scatter_equal(out, flat, group=self.comm.group, async_op=True)
+                self._launched.append((work, out, bucket, True))
+                return
+            except (RuntimeError, NotImplementedError):
+                self.comm.can_reduce_scatter = False
+        work = dist.all_reduce(flat, group=self.comm.group, async_op=True)
+        self._launched.append((work, flat, bucket, False))
+
+    def _land(self) -> None:
+        """Wait for the oldest bucket in flight and give its owned rows their gradients."""
+        work, buffer, bucket, scattered = self._launched.pop(0)
+        work.wait()
+        me = self.comm.rank
+        mine = buffer if scattered else buffer[me * bucket.padded:(me + 1) * bucket.padded]
+        offset = 0
+        for i in bucket.members:
+            shard = self.shards[i]
+            n = shard.numel()
+            shard.grad = mine[offset:offset + n].view_as(shard)
+            offset += n
+        self._done += 1
+
+    def finish(self) -> None:
+        """After backward: reduce the buckets not yet started (a few at a time) and wait for all."""
+        while self._done + len(self._launched) < len(self.buckets):
+            if len(self._launched) >= IN_FLIGHT:
+                self._land()
+            self._launch(self.buckets[self._done + len(self._launched)])
+        while self._launched:
+            self._land()
+        self._done = 0
+        self._ready = [0] * len(self.buckets)
+
+    def whole_grad(self, leaf: torch.Tensor) -> torch.Tensor:
+        """``leaf``'s whole gradient, gathered from its owners (collective: every rank calls it,
+        for the same leaves in the same order; for checks, not for training)."""
+        i = self._index[id(leaf)]
+        shard = self.shards[i]
+        g = shard.grad if shard.grad is not None else torch.zeros_like(shard)
+        return self._gather_rows(i, g)
+
+    # ---- parameters ---------------------------------------------------------------------------
+    def share_updates(self) -> None:
+        """After the optimizer step: every rank's updated rows to every rank (an all-gather per
+        bucket), so each parameter is whole and equal everywhere again."""
+        if not self.buckets or self.comm.world == 1:
+            return
+        me = self.comm.rank
+        with torch.no_grad():
+            for bucket in self.buckets:
+                pieces = [self.shards[i].reshape(-1) for i in bucket.members]
+                if bucket.sizes[me] < bucket.padded:
+                    pieces.append(pieces[0].new_zeros(bucket.padded - bucket.sizes[me]))
+                mine = torch.cat(pieces)
+                every = mine.new_empty(self.comm.world * bucket.padded)
+                _all_gather_equal(every, mine, group=self.comm.group)
+                self._scatter_back(bucket, every)
+
+    def _scatter_back(self, bucket: _Bucket, every: torch.Tensor) -> None:
+        """Copy the gathered rows of every rank into the bucket's parameters."""
+        within = [0] * self.comm.world           # where the next member starts in each rank's piece
+        rows_of: dict[int, list[torch.Tensor]] = {i: [] for i in bucket.members}
+        for i in bucket.members:
+            for r in range(self.comm.world):
+                n = self.lengths[i][r] * self.row_numel[i]
+                start = r * bucket.padded + within[r]
+                rows_of[i].append(every[start:start + n])
+                within[r] += n
+        for i in bucket.members:
+            p = self.params[i]
+            p.detach().copy_(torch.cat(rows_of[i]).view_as(p))
+
+    def _gather_rows(self, i: int, rows: torch.Tensor) -> torch.Tensor:
+        """Parameter ``i``'s rows from every rank, in order (padded equal all-gather)."""
+        m = max(self.lengths[i]) * self.row_numel[i]
+        flat = rows.reshape(-1)
+        if flat.numel() < m:
+            flat = torch.cat([flat, flat.new_zeros(m - flat.numel())])
+        every = flat.new_empty(self.comm.world * m)
+        _all_gather_equal(every, flat.contiguous(), group=self.comm.group)
+        pieces = [every[r * m:r * m + n * self.row_numel[i]] for r, n in enumerate(self.lengths[i])]
+        return torch.cat(pieces).view_as(self.params[i])

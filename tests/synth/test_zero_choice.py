@@ -1,0 +1,124 @@
+"""ZeRO-1/2 as a plan choice (synth/zero.py, issue 22): the optimizer state (and in one stage the
+gradients) of replicated parameters sharded by rows over the ranks when that makes a plan fit;
+even rows when they fit, else water-filled to each device's headroom; priced in memory and time;
+said in the summary; kept by plan.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from costmodel.memory import optimizer_copies, program_memory, zero_buffer_bytes
+from costmodel.simulator import simulate
+from hapc import synthesize
+from hapc.errors import UserError
+from hapc.plan.plan import Plan
+from synth.zero import fitted_state_shares, with_state_shares
+
+REPO = Path(__file__).resolve().parents[2]
+GPT = str(REPO / "configs" / "models" / "gpt.py")
+SMALL_GPT = {"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "vocab": 101, "dropout": 0.0, "batch": 8}
+
+
+def _cluster(memory_gb: float) -> dict:
+    """Four CPU workers, two twice as fast, on a 10 GB/s link: data parallelism with replicated
+    weights is the fastest plan of the small GPT, and needs 2.2 MB per device."""
+    return {"name": f"zero-cpu-{memory_gb:g}", "nodes": [{
+        "intra_link": {"bandwidth_GBps": 10, "latency_us": 10}, "devices": [
+            {"name": "fast", "tflops": 0.2, "memory_GB": memory_gb, "hbm_GBps": 20, "count": 2},
+            {"name": "slow", "tflops": 0.1, "memory_GB": memory_gb, "hbm_GBps": 10, "count": 2}]}]}
+
+
+@pytest.fixture(scope="module")
+def roomy() -> Plan:
+    return synthesize(GPT, None, _cluster(8), model_kwargs=SMALL_GPT)
+
+
+@pytest.fixture(scope="module")
+def tight() -> Plan:
+    return synthesize(GPT, None, _cluster(0.0018), model_kwargs=SMALL_GPT)
+
+
+# ---- the share rule -----------------------------------------------------------------------------
+
+def test_even_rows_when_they_fit():
+    assert fitted_state_shares([1.0, 5.0], [8.0, 8.0], [10.0, 10.0]) == (0.5, 0.5)
+
+
+def test_uneven_rows_fill_each_device_to_its_headroom_and_no_further():
+    base, state, cap = [10.0, 10.0, 10.0], [12.0, 12.0, 12.0], [30.0, 30.0, 12.0]
+    shares = fitted_state_shares(base, state, cap)
+    assert sum(shares) == pytest.approx(1.0)
+    assert all(b + z * s <= c for b, z, s, c in zip(base, shares, state, cap))
+    assert shares[0] == pytest.approx(shares[1]) and shares[2] < shares[0]
+    # the smallest largest share (the uneven collectives pad to it): the small device is full
+    assert base[2] + shares[2] * state[2] == pytest.approx(cap[2], rel=1e-2)
+
+
+def test_no_rows_when_the_headrooms_do_not_hold_the_state():
+    assert fitted_state_shares([10.0, 10.0], [12.0, 12.0], [14.0, 14.0]) is None
+
+
+# ---- pricing ------------------------------------------------------------------------------------
+
+def test_owned_rows_shrink_gradients_and_moments_by_their_share(roomy):
+    program = roomy.program
+    assert program.state_shares is None
+    before = program_memory(program, roomy.cluster)
+    zero = with_state_shares(program, (0.4, 0.4, 0.1, 0.1))
+    after = program_memory(zero, roomy.cluster)
+    rows = {p: zero.state_rows(p) for p in program.graph.params}
+    assert all(n is not None for n in rows.values())       # every weight of the GPT has rows for 4 ranks
+    for r in range(4):
+        owned = sum(program.graph.values[p].meta.nbytes * n[r] / sum(n) for p, n in rows.items())
+        assert after.devices[r].optimizer_bytes == pytest.approx(optimizer_copies("adamw") * owned)
+        assert after.devices[r].grads_bytes == pytest.approx(owned + zero_buffer_bytes(zero))
+        assert after.devices[r].params_bytes == before.devices[r].params_bytes     # weights stay whole
+        assert after.devices[r].activations_bytes == before.devices[r].activations_bytes
+
+
+def test_gradients_are_reduce_scattered_and_the_rows_all_gathered(roomy):
+    zero = simulate(with_state_shares(roomy.program, (0.25,) * 4), roomy.cluster)
+    kinds = {e.kind for e in zero.events if e.phase == "grad_sync"}
+    assert kinds == {"reduce_scatter+all_gather"}
+    assert "reduce-scatter + all-gather (ZeRO)" in zero.table()
+    # each rank updates a quarter of the weights
+    step = [e.end_seconds - e.start_seconds for e in zero.events if e.phase == "optimizer"]
+    whole = [e.end_seconds - e.start_seconds for e in roomy.sim.events if e.phase == "optimizer"]
+    assert max(step) < max(whole)
+
+
+# ---- the choice ---------------------------------------------------------------------------------
+
+def test_zero_is_not_used_when_memory_does_not_bind(roomy):
+    assert roomy.program.state_shares is None and "ZeRO" not in roomy.summary()
+
+
+def test_zero_makes_data_parallelism_fit_where_it_alone_did_not(roomy, tight):
+    assert max(roomy.sim.memory.totals) > 0.0018e9                  # replicated states do not fit
+    assert tight.program.state_shares == pytest.approx((0.25,) * 4)
+    assert tight.sim.fits and tight.pipeline is None
+    assert "ZeRO-2: the gradients and optimizer state of 36 replicated parameters sharded by rows " \
+        "over 4 ranks (each keeps fast 0.250, slow 0.250)" in tight.summary()
+
+
+def test_a_plan_with_zero_survives_plan_json(tight, tmp_path):
+    tight.save(tmp_path / "plan.json")
+    loaded = Plan.load(tmp_path / "plan.json")
+    assert loaded.program.state_shares == tight.program.state_shares
+    assert loaded.cost == pytest.approx(tight.cost, rel=1e-9)
+    assert "STATE_ROWS" in Path(loaded.emit(tmp_path / "out")).read_text()
+
+
+@pytest.mark.parametrize("value, says", [([0.5, 0.5], "one per rank (4), got 2"),
+                                         ([0.5, 0.5, 0.5, 0.5], "fractions of the optimizer state")])
+def test_bad_state_shares_in_plan_json_are_refused_in_one_line(tight, tmp_path, value, says):
+    tight.save(tmp_path / "plan.json")
+    data = json.loads((tmp_path / "plan.json").read_text())
+    data["state_shares"] = value
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    with pytest.raises(UserError, match="state_shares") as info:
+        Plan.load(tmp_path / "plan.json")
+    assert says in str(info.value) and "\n" not in str(info.value)
