@@ -15,7 +15,8 @@ its own piece, a ``Replicate`` or ``Partial`` value its full size):
   input or output once however many nodes save it (a saved view keeps its base), the other
   tensors a node saves (statistics, masks, log-probabilities), a float32 value saved by a
   bf16/fp16 product as autocast's low-precision copy, and the low-precision copy of each
-  weight a product casts; each at its local size, with redistributed copies of saved values.
+  weight a product casts; each at its local size, with redistributed copies of saved values
+  (not a weight gathered from sharded storage, nor its cast: backward gathers it again).
   Within 4% of saved-tensor hooks on a 7B Llama layer at sequence 512-2048, fp32 and bf16
   (tests/costmodel/test_saved_memory.py checks small models to 15%). A graph without the record
   (built by hand, or a plan written before it) keeps every output that needs a gradient, which
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from costmodel.classes import RankClasses, rank_classes
 from costmodel.cluster import Cluster
 from costmodel.opclass import op_class
-from costmodel.transfers import LocalBytes, forward_move
+from costmodel.transfers import LocalBytes, forward_move, regathered
 from hapc.ir.graph import Graph
 from hapc.ir.layout import Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute
@@ -184,8 +185,8 @@ def program_memory(program: DistProgram, cluster: Cluster | None = None,
             for k, out, times in kept:
                 if k < len(outputs):            # as zip(node.outputs, outputs) pairs them
                     add("activations_bytes", pieces(out, outputs[k]), times)
-            if casts:
-                _add_autocast_copies(program, node, step, cast_params, add, pieces)
+            for param, layout in cast_weights(program, node, step, cast_params) if casts else ():
+                add("activations_bytes", pieces(param, layout), 0.5)      # its bf16/fp16 copy
             extra = saved_extra_fraction(graph, node) if saved is not None else 0.0
             if extra and outputs:               # its own saved tensors, split as its output
                 add("activations_bytes", pieces(node.outputs[0], outputs[0]), extra)
@@ -353,20 +354,30 @@ def kept_for_backward(program: DistProgram, node, step: Compute) -> list[tuple[s
     return [(out, layouts[k], times) for k, out, times in kept_outputs(program.graph, node) if k < len(layouts)]
 
 
-def _add_autocast_copies(program: DistProgram, node, step: Compute, seen: set[str], add,
-                         pieces: LocalBytes) -> None:
-    """A float32 weight feeding a bf16/fp16 product (a mixed-precision graph, see
-    :mod:`hapc.ir.precision`) is cast by autocast, and the low-precision copy lives until
-    backward: its local bytes at 2 per element, once per weight (autocast caches the cast)."""
+def cast_weights(program: DistProgram, node, step: Compute, seen: set[str]) -> list[tuple[str, object]]:
+    """The float32 weights a bf16/fp16 product casts (a mixed-precision graph, see
+    :mod:`hapc.ir.precision`) whose low-precision copy lives until backward, with the layout
+    read: once per weight (``seen``; autocast caches the cast), not a weight gathered from
+    sharded storage (backward gathers and casts it again)."""
     graph = program.graph
     out = graph.meta(node.outputs[0]).dtype if node.outputs else "float32"
     if out not in ("bfloat16", "float16"):
-        return
+        return []
+    found = []
     for ref, layout in zip(node.input_refs(), step.strategy.inputs):
         v = graph.values[ref]
-        if v.kind == "param" and v.meta.dtype == "float32" and ref not in seen:
+        if v.kind == "param" and v.meta.dtype == "float32" and ref not in seen \
+                and not gathered_for_use(program, ref, layout):
             seen.add(ref)
-            add("activations_bytes", pieces(ref, layout), 0.5)
+            found.append((ref, layout))
+    return found
+
+
+def gathered_for_use(program: DistProgram, param: str, layout) -> bool:
+    """Whether a product reads ``param`` whole from sharded storage: the gathered weight (and
+    autocast's low-precision copy of it) is gathered again in backward, not kept (ZeRO-3,
+    :func:`costmodel.transfers.regathered`)."""
+    return isinstance(program.source_layouts.get(param), Shard) and not isinstance(layout, Shard)
 
 
 def _add_redistribute(program: DistProgram, step: Redistribute, mem: list[DeviceMemory],
@@ -381,6 +392,7 @@ def _add_redistribute(program: DistProgram, step: Redistribute, mem: list[Device
     src = step.src.split("@", 1)[0]
     kept = program.graph.values[src].requires_grad if saved is None else \
         src in saved.whole or src in saved.cast
+    kept = kept and not regathered(program, step)        # ZeRO-3: gathered again in backward
     if kept:
         for c, r in enumerate(reps):
             activations_bytes[c] += out[r]

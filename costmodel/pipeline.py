@@ -44,11 +44,11 @@ from typing import Any
 import numpy as np
 
 from costmodel.cluster import Cluster, Link
-from costmodel.memory import kept_for_backward, optimizer_copies, saved_extra_fraction, state_pieces, \
+from costmodel.memory import cast_weights, kept_for_backward, optimizer_copies, saved_extra_fraction, state_pieces, \
     zero_buffer_bytes, zero_sync_factor
 from costmodel.simcache import SimulationCache
 from costmodel.simulator import SFB_LOCAL, _ClassFractions, factor_synced_params
-from costmodel.transfers import LocalBytes, backward_move, forward_move, local_bytes
+from costmodel.transfers import LocalBytes, backward_move, forward_move, local_bytes, regathered
 from hapc.ir.graph import Graph
 from hapc.ir.layout import Replicate
 from hapc.ir.program import Compute, DistProgram, Redistribute
@@ -188,7 +188,9 @@ class ProgramPricer:
 
         def add_move(i: int, step: Redistribute) -> None:
             scales = step.src.split("@", 1)[0] in batch
-            for move, phase in ((forward_move(program, step), "fwd"), (backward_move(program, step), "bwd")):
+            again = forward_move(program, step) if regathered(program, step) else None   # ZeRO-3
+            for move, phase in ((forward_move(program, step), "fwd"), (again, "bwd"),
+                                (backward_move(program, step), "bwd")):
                 if move is not None:
                     self.moves.append((i, phase, move.kind, move.piece_bytes, move.send_matrix, scales))
 
@@ -260,6 +262,14 @@ class ProgramPricer:
                     i = index[step.node]
                     piece = [extra * b for b in local_bytes(program, node.outputs[0], step.strategy.outputs[0])]
                     rows[i] = [a + b for a, b in zip(rows[i], piece)] if i in rows else list(piece)
+        # Autocast's low-precision copies of float32 weights: one per micro-batch in flight.
+        cast: set[str] = set()
+        for step in program.steps:
+            if isinstance(step, Compute):
+                for param, lay in cast_weights(program, nodes[step.node], step, cast):
+                    i = index[step.node]
+                    piece = [0.5 * b for b in local_bytes(program, param, lay)]
+                    fixed_rows[i] = [a + b for a, b in zip(fixed_rows[i], piece)] if i in fixed_rows else piece
         self.act, self.act_fixed = per_node(act_rows), per_node(fixed_rows)
 
         # Parameters: who reads them, what they hold, what their gradients and optimizer cost.

@@ -47,7 +47,7 @@ from costmodel.cluster import Cluster, load_cluster
 from costmodel.collectives import dual_variant, resolve_variant
 from costmodel.memory import PARTS, MemoryReport, optimizer_copies, program_memory, state_pieces
 from costmodel.simcache import SimulationCache
-from costmodel.transfers import LocalBytes, Move, backward_move, forward_move
+from costmodel.transfers import LocalBytes, Move, backward_move, forward_move, regathered
 from hapc.errors import UserError
 from hapc.ir.layout import Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute
@@ -345,6 +345,9 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
             if step.strategy.local == SFB_LOCAL and world > 1:
                 _factor_gather(clock, cache, pieces, step, node)
         else:
+            if regathered(program, step):       # ZeRO-3: the weight is gathered again for backward
+                _run_move(clock, cache, forward_move(program, step, pieces), step, "bwd", chosen.get(i, step.method),
+                          reps)
             _run_move(clock, cache, backward_move(program, step, pieces), step, "bwd", chosen.get(i, step.method),
                       reps)
         for param in ready_at.get(i, []):

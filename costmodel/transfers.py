@@ -106,6 +106,16 @@ def forward_move(program: DistProgram, step: Redistribute, pieces: LocalBytes | 
     return _move(program, step.src, step.out, step.src_layout, step.dst_layout, pieces or LocalBytes(program))
 
 
+def regathered(program: DistProgram, step: Redistribute) -> bool:
+    """Whether backward gathers ``step``'s value again instead of keeping it (ZeRO-3, as FSDP
+    does): a parameter stored sharded and gathered whole for use is freed once forward has
+    used it (``hapc.runtime.zero.GatheredWeights``), so its whole copy costs no memory from
+    forward to backward, and backward runs the gather a second time."""
+    value = program.graph.values.get(step.src)
+    return value is not None and value.kind == "param" and isinstance(step.src_layout, Shard) \
+        and isinstance(step.dst_layout, Replicate)
+
+
 def backward_move(program: DistProgram, step: Redistribute, pieces: LocalBytes | None = None) -> Move | None:
     """The dual transfer autograd performs for the gradient (None when nothing moves)."""
     if not requires_grad(program, step.src):

@@ -18,7 +18,7 @@ from dataclasses import replace
 from hapc.ir.program import DistProgram
 from synth.loads import snapped_to_blocks, with_shares
 from synth.stages import Pipeline, StagePlanner
-from synth.zero import with_fitted_states
+from synth.zero import with_fitted_states, with_sharded_storage
 
 
 def accumulation(planner: StagePlanner, microbatches: int | None = None,
@@ -30,8 +30,10 @@ def accumulation(planner: StagePlanner, microbatches: int | None = None,
 
     The fastest that fits over ``m`` (``microbatches`` forces one) and over the group programs:
     the planner's own (searched without memory limits), ``programs`` (the one-stage search's
-    best, searched with them, which may store more of the model sharded), and on a mixed cluster
-    each of them at the shares the share LP gives it under the micro-batch's memory. Counts are
+    best, searched with them, which may store more of the model sharded), each of those with
+    its replicated weights stored sharded (ZeRO-3, :func:`synth.zero.with_sharded_storage`),
+    and on a mixed cluster each of them at the shares the share LP gives it under the
+    micro-batch's memory. Counts are
     tried from the fewest micro-batches up, until one is no faster than the fewer before it:
     each doubling halves the activations held (so the LP may give fast devices more) for more
     per-step overheads. A try that does not fit is tried again with its optimizer state sharded
@@ -45,6 +47,7 @@ def accumulation(planner: StagePlanner, microbatches: int | None = None,
     if not counts:
         return None
     candidates = [planner.group_program(whole), *programs]
+    candidates += [p for p in map(with_sharded_storage, candidates) if p is not None]     # ZeRO-3
     best: Pipeline | None = None
     for m in counts:
         before = best

@@ -115,6 +115,8 @@ class MoveTables:
             if dims:
                 d = max(dims, key=lambda k: (v.meta.shape[k], -k))
                 gather = self.prices.move(v.meta, v.requires_grad, Shard(d), Replicate()).seconds
+                # and gathered again for backward, not kept (costmodel.transfers.regathered)
+                gather += self.prices.move(v.meta, False, Shard(d), Replicate()).seconds
                 options.append((gather, Shard(d)))
         if not options:
             options.append((self.prices.move(v.meta, v.requires_grad, Replicate(), want).seconds, Replicate()))

@@ -28,7 +28,7 @@ from synth.loads import share_problem, snapped_to_blocks, with_shares
 from synth.ratios import MemoryInfeasible, solve_shares
 from synth.search import SearchResult, search, to_program
 from synth.space import SearchSpace
-from synth.zero import with_fitted_states, with_state_shares
+from synth.zero import with_fitted_states, with_sharded_storage, with_state_shares
 
 Progress = Callable[[str], None]
 
@@ -215,16 +215,19 @@ def _reshared(cand: Candidate, shares: tuple[float, ...], cluster: Cluster, opti
 
 def _fitted(cand: Candidate, cluster: Cluster, optimizer, prices: SimulationCache | None = None) -> Candidate:
     """``cand``, or when it does not fit, its program with the optimizer state of replicated
-    parameters sharded as much as makes it fit (ZeRO, :mod:`synth.zero`), if any does."""
+    parameters sharded as much as makes it fit (ZeRO-1/2), else with those parameters stored
+    sharded (ZeRO-3), if either fits (:mod:`synth.zero`)."""
     if cand.fits:
         return cand
-    program = with_fitted_states(cand.program, cluster.memory_bytes(),
-                                 lambda other: program_memory(other, cluster, optimizer).totals)
-    if program is None:
-        return cand
-    fitted = Candidate(cand.name, program, simulate(program, cluster, optimizer=optimizer, cache=prices),
-                       cand.search, cand.space)
-    return fitted if fitted.fits else cand
+    states = with_fitted_states(cand.program, cluster.memory_bytes(),
+                                lambda other: program_memory(other, cluster, optimizer).totals)
+    for program in (states, with_sharded_storage(cand.program)):
+        if program is not None:
+            fitted = Candidate(cand.name, program, simulate(program, cluster, optimizer=optimizer, cache=prices),
+                               cand.search, cand.space)
+            if fitted.fits:
+                return fitted
+    return cand
 
 
 def _same(a: Sequence[float], b: Sequence[float]) -> bool:

@@ -8,8 +8,10 @@ in a one-stage program, only their gradient (ZeRO-2), receives them by a reduce-
 of an all-reduce, updates them, and all-gathers the updated rows back. A reduce-scatter and an
 all-gather move what one all-reduce moves, so even shares cost nearly nothing in time; uneven
 ones cost the padding of the largest piece (:func:`costmodel.memory.zero_sync_factor`).
-(ZeRO-3 is a storage layout the search already chooses: a ``Shard`` parameter gathered before
-use, see :mod:`hapc.ir.program`.)
+ZeRO-3 is a storage layout: a ``Shard`` parameter gathered whole just before use and gathered
+again in backward (the search chooses it per parameter, see :mod:`synth.moves`).
+:func:`with_sharded_storage` applies it to every replicated weight of a program that computes
+fast but does not fit, keeping how it computes: what FSDP does to a data-parallel model.
 
 The shares are a memory choice, made after a program is found, because the state's bytes do not
 depend on the compute shares: a device's total is ``base[r] + z[r] * state[r]``, affine in
@@ -26,7 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from costmodel.memory import zero_buffer_bytes
-from hapc.ir.program import DistProgram
+from hapc.ir.layout import Replicate, Shard
+from hapc.ir.program import Compute, DistProgram, Redistribute
 
 # What the rounding of shares to whole rows may add to a device, as a fraction of its state
 # bytes: a rank gets at most one row more than its share of a parameter, and parameters worth
@@ -92,3 +95,34 @@ def with_fitted_states(program: DistProgram, capacity: Sequence[float], totals: 
     base = [w - s + buffers for w, s in zip(whole, state)]
     shares = fitted_state_shares(base, state, capacity)
     return None if shares is None else with_state_shares(program, shares)
+
+
+def with_sharded_storage(program: DistProgram) -> DistProgram | None:
+    """``program`` with every trainable weight it stores replicated and reads whole stored
+    sharded instead (on its largest dimension, as the ``zero3`` baseline) and gathered just
+    before its first reader (ZeRO-3); how it computes is unchanged. None when no weight
+    qualifies: one redistributed to another layout by the program keeps its storage."""
+    graph = program.graph
+    moved = {s.src for s in program.steps if isinstance(s, Redistribute)}
+    dims: dict[str, int] = {}
+    for p in graph.params:
+        shape = graph.meta(p).shape
+        if not graph.values[p].requires_grad or p in moved or \
+                not isinstance(program.source_layouts.get(p, Replicate()), Replicate):
+            continue
+        wide = [d for d, n in enumerate(shape) if n >= max(2, program.world)]
+        if wide:
+            dims[p] = max(wide, key=lambda d: (shape[d], -d))
+    if not dims:
+        return None
+    steps: list = []
+    gathered: set[str] = set()
+    for step in program.steps:
+        if isinstance(step, Compute) and any(r in dims for r in step.inputs):
+            for r in dict.fromkeys(r for r in step.inputs if r in dims and r not in gathered):
+                steps.append(Redistribute(r, f"{r}@R", Shard(dims[r]), Replicate()))
+                gathered.add(r)
+            step = Compute(step.node, step.strategy, tuple(f"{r}@R" if r in dims else r for r in step.inputs))
+        steps.append(step)
+    layouts = {**program.source_layouts, **{p: Shard(d) for p, d in dims.items()}}
+    return DistProgram(graph, program.shares, layouts, steps, program.state_shares)

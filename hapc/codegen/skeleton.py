@@ -119,6 +119,7 @@ class Rank:
         # A pipeline stage brings its own tables (hapc_pipeline.py); one-stage programs use the globals.
         self.shards = SHARDS if shards is None else shards
         self.local_calls = LOCAL_CALLS if local_calls is None else local_calls
+        self.gathered = Z.GatheredWeights()      # ZeRO-3: weights gathered for use, not kept
 
     # -- this rank's piece of a sharded value
     def piece_info(self, name: str):
@@ -170,7 +171,10 @@ class Rank:
 
     def all_gather(self, x: torch.Tensor, src: str, method: str = "auto") -> torch.Tensor:
         dim, lengths = self.shards[src]
-        return C.all_gather(self.comm, x, dim, lengths, method)
+        out = C.all_gather(self.comm, x, dim, lengths, method)
+        if src in PARAMS:           # a weight stored sharded: backward gathers it again
+            self.gathered.register(out, lambda: C.gather(self.comm, x.detach(), dim, lengths, C.method_of(method)))
+        return out
 
     def reduce_scatter(self, x: torch.Tensor, out: str, method: str = "auto") -> torch.Tensor:
         dim, lengths = self.shards[out]
@@ -267,7 +271,7 @@ class Trainer:
         for name, x in zip(INPUTS, batch):
             v[name] = (x if local else self.rt.piece(name, x)).to(self.device)
         self.rt.seed, self.rt.tied, self.rt.ran = self.seed + self.steps_done, [], []
-        with autocast(self.device):
+        with autocast(self.device), self.rt.gathered.hooks():
             loss = C.tie(forward(self.rt, v).reshape(()), self.rt.tied)
         self.rt.tied = []
         self.steps_done += 1
@@ -282,6 +286,7 @@ class Trainer:
             (self.scaler.scale_loss(loss) if LOSS_PARTIAL or self.rank == 0 else loss * 0).backward()
             self.sync.finish()
             self.zero.finish()
+        self.rt.gathered.clear()
         if summing is not None:
             summing.wait()
         self.verdict = self.scaler.finish(list(self.stepped.values()))    # unscale the synced gradients

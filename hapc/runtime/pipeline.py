@@ -176,6 +176,7 @@ class PipelineTrainer:
                     counts.append(mb.count)
             self.sync.finish()                   # once, after the last micro-batch
             self.zero.finish()
+            self.rt.gathered.clear()
             self._wait_sends()
             self._sum_shared_gradients()
             if self.last:
@@ -243,7 +244,7 @@ class PipelineTrainer:
         # batch's draw (hapc_random_ops.micro_batch_view), the same on every member of the group.
         self.rt.seed, self.rt.tied, self.rt.ran = self.seed + self.steps_done, [], []
         self.rt.micro = (i, P.MICROBATCHES, st["random_batch_dims"])
-        with P.autocast(self.device):
+        with P.autocast(self.device), self.rt.gathered.hooks():      # ZeRO-3: gathered weights freed
             results = self.forward(self.rt, v)
         tied, self.rt.tied = self.rt.tied, []
         if self.last:

@@ -1,6 +1,7 @@
-"""ZeRO-1/2 for the parameters a program stores replicated: each rank owns some rows of each.
+"""ZeRO in the runtime: owned rows of replicated parameters (ZeRO-1/2), and gathered weights
+freed after use (ZeRO-3, :class:`GatheredWeights`).
 
-Every rank holds each such parameter whole (the forward and backward read it whole), but rank
+**Owned rows.** Every rank holds each replicated parameter whole (the forward and backward read it whole), but rank
 ``r`` owns rows ``[offset[r], offset[r] + lengths[r])`` of its first dimension: only those rows'
 gradient is kept after backward and only those rows' optimizer state exists on the rank. The
 optimizer is given the owned rows as views of the parameter (:meth:`StateShards.stepped`), so
@@ -25,7 +26,7 @@ Depends on torch only: code generation copies it beside emitted programs as ``ha
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -214,3 +215,86 @@ class StateShards:
         _all_gather_equal(every, flat.contiguous(), group=self.comm.group)
         pieces = [every[r * m:r * m + n * self.row_numel[i]] for r, n in enumerate(self.lengths[i])]
         return torch.cat(pieces).view_as(self.params[i])
+
+
+# ---- ZeRO-3: a weight gathered for use is not kept for backward ----------------------------------
+
+# How far back from a saved tensor a gathered weight is looked for, and through what: views and
+# autocast's dtype cast (one each, in practice: weight.t() of the bf16 copy).
+_CHAIN = 4
+_VIEWS_AND_CASTS = frozenset({"ToCopyBackward0", "TBackward0", "TransposeBackward0", "PermuteBackward0",
+                              "ViewBackward0", "UnsafeViewBackward0", "AliasBackward0", "ExpandBackward0"})
+
+
+class _GatherAgain:
+    """What autograd keeps instead of a gathered weight, or of a view or autocast copy of one:
+    how to gather the weight again, the dtype it was cast to, and the view's geometry."""
+
+    __slots__ = ("again", "dtype", "size", "stride", "offset")
+
+    def __init__(self, again: Callable[[], torch.Tensor], saved: torch.Tensor) -> None:
+        self.again = again
+        self.dtype = saved.dtype
+        self.size, self.stride, self.offset = saved.size(), saved.stride(), saved.storage_offset()
+
+    def unpack(self) -> torch.Tensor:
+        whole = self.again()
+        if whole.dtype != self.dtype:
+            whole = whole.to(self.dtype)
+        return whole.as_strided(self.size, self.stride, self.offset)
+
+
+class GatheredWeights:
+    """ZeRO-3 as FSDP runs it: a weight stored sharded is gathered whole just before a layer uses
+    it and freed once forward is done with it, then gathered again when backward needs it.
+
+    Without this, autograd keeps every gathered weight from forward to backward (the layer's
+    backward needs the weight to find its input's gradient), so at the end of forward the whole
+    model sits on every rank, and ZeRO-3 saves nothing of the parameters' memory. The rank
+    registers each parameter it gathers (:meth:`register`); forward runs under :meth:`hooks`,
+    autograd's saved-tensor hooks, which keep, in place of a saved gathered weight (or a view of
+    it, or autocast's low-precision copy of it), the recipe to gather it again; the piece it is
+    gathered from is a parameter every rank keeps anyway. Every rank runs one backward graph in
+    one order (SPMD), so the gathers in backward line up across ranks. The values are the same
+    bits: a gather concatenates pieces, and the cast is deterministic."""
+
+    def __init__(self) -> None:
+        self._again: dict[Any, tuple[Callable[[], torch.Tensor], int]] = {}
+
+    def register(self, gathered: torch.Tensor, again: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``gathered`` (a differentiable all-gather's output) is gathered again by ``again()``."""
+        if gathered.grad_fn is not None and gathered.is_contiguous():
+            self._again[gathered.grad_fn] = (again, gathered.numel())
+        return gathered
+
+    def hooks(self) -> Any:
+        """The context forward runs in."""
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def clear(self) -> None:
+        """After backward: forget this step's gathers."""
+        self._again.clear()
+
+    def _pack(self, saved: torch.Tensor) -> Any:
+        """A gathered weight, or a view or cast of one (a layer saves ``weight.t()``, or under
+        autocast a view of its bf16 copy), as the recipe; anything else as itself. The saved
+        tensor must lie in a storage of the weight's size, laid out as the weight (a fresh cast
+        is), so that the view can be taken again of the re-gathered (and re-cast) weight."""
+        node = saved.grad_fn
+        for _ in range(_CHAIN):
+            if node is None or not self._again:
+                return saved
+            hit = self._again.get(node)
+            if hit is not None:
+                again, numel = hit
+                if saved.untyped_storage().nbytes() != numel * saved.element_size():
+                    return saved
+                return _GatherAgain(again, saved)
+            if node.name() not in _VIEWS_AND_CASTS:
+                return saved
+            node = node.next_functions[0][0]
+        return saved
+
+    @staticmethod
+    def _unpack(packed: Any) -> torch.Tensor:
+        return packed.unpack() if isinstance(packed, _GatherAgain) else packed

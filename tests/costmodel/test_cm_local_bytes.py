@@ -11,7 +11,7 @@ from costmodel.memory import PARTS, kept_for_backward, optimizer_copies, program
 from costmodel.opclass import op_class
 from costmodel.transfers import LocalBytes, forward_move, local_bytes
 from hapc.ir.graph import TensorMeta, Value
-from hapc.ir.layout import P, R, Shard
+from hapc.ir.layout import P, R, Replicate, Shard
 from hapc.ir.program import Compute, Redistribute
 
 
@@ -59,7 +59,8 @@ def _memory_rank_by_rank(program, cluster, optimizer="adamw") -> list[dict[str, 
             if graph.meta(node.outputs[0]).dtype in ("bfloat16", "float16"):
                 for ref, layout in zip(node.input_refs(), step.strategy.inputs):
                     v = graph.values[ref]
-                    if v.kind == "param" and v.meta.dtype == "float32" and ref not in cast:
+                    gathered = isinstance(program.source_layouts.get(ref), Shard) and not isinstance(layout, Shard)
+                    if v.kind == "param" and v.meta.dtype == "float32" and ref not in cast and not gathered:
                         cast.add(ref)
                         add("activations_bytes", local_bytes(program, ref, layout), 0.5)
         elif isinstance(step, Redistribute):
@@ -67,8 +68,10 @@ def _memory_rank_by_rank(program, cluster, optimizer="adamw") -> list[dict[str, 
             if move is None:
                 continue
             out = local_bytes(program, step.out, step.dst_layout)
-            if graph.values[step.src.split("@", 1)[0]].requires_grad:
-                add("activations_bytes", out)
+            weight = step.src in graph.values and graph.values[step.src].kind == "param"
+            regathered = weight and isinstance(step.src_layout, Shard) and isinstance(step.dst_layout, Replicate)
+            if graph.values[step.src.split("@", 1)[0]].requires_grad and not regathered:
+                add("activations_bytes", out)       # a weight gathered from shards is gathered again
             if move.kind == "local":
                 continue
             buffer = list(out)

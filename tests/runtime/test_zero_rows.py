@@ -1,12 +1,17 @@
-"""ZeRO's owned rows (hapc/runtime/zero.py) on real gloo ranks (slow): after every step each
-replica equals what one process computes with AdamW on the whole parameters and the summed
-gradients, for uneven rows, bucket boundaries inside the parameter list, one backward with
-hooks and two accumulated backwards; whole gradients gather back for --verify.
+"""ZeRO in the runtime (hapc/runtime/zero.py) on real gloo ranks (slow).
+
+Owned rows (ZeRO-1/2): after every step each replica equals what one process computes with
+AdamW on the whole parameters and the summed gradients, for uneven rows, bucket boundaries
+inside the parameter list, one backward with hooks and two accumulated backwards; whole
+gradients gather back for --verify. Gathered weights (ZeRO-3): with the saved-tensor hooks a
+gathered weight is freed after forward and gathered again in backward, in fp32 and under bf16
+autocast, with the same gradients to the bit.
 
 Run directly under torchrun, this file is the worker (see ``_worker``)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -70,9 +75,45 @@ def _worker() -> int:
         states = [opt.state[shards.stepped(p)]["exp_avg"].shape[0] for p in params]
         if states != [n[rank] for n in ROWS[world]]:
             failures.append(f"optimizer state rows {states}, owned {[n[rank] for n in ROWS[world]]}")
+    failures += _gathered_weights(comm, C, Z)
     print(f"rank {rank}: {'zero ok' if not failures else failures[:6]}", flush=True)
     dist.destroy_process_group()
     return 1 if failures else 0
+
+
+def _gathered_weights(comm, C, Z) -> list[str]:
+    """A layer's weight gathered from row pieces, under the hooks and without: backward gathers
+    it again (autograd kept the recipe, not the weight) and the gradients are the same bits."""
+    failures = []
+    gen = torch.Generator().manual_seed(1)
+    lengths = [3, 1, 2][:comm.world]
+    whole = torch.randn(sum(lengths), 5, generator=gen)
+    x = torch.randn(4, 5, generator=gen)
+    offset = sum(lengths[:comm.rank])
+    for cast in (False, True):
+        grads, gathered_again = [], []
+        for hooked in (False, True):
+            piece = whole[offset:offset + lengths[comm.rank]].clone().requires_grad_()
+            inputs = x.clone().requires_grad_()          # so the layer's backward needs its weight
+            keep = Z.GatheredWeights()
+
+            def again(piece=piece):
+                gathered_again.append(1)
+                return C.gather(comm, piece.detach(), 0, lengths)
+
+            if not hooked:
+                keep.hooks = contextlib.nullcontext            # autograd keeps the weight
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cast), keep.hooks():
+                w = keep.register(C.all_gather(comm, piece, 0, lengths), again)
+                y = torch.nn.functional.linear(inputs, w).float().square().sum()
+            y.backward()
+            keep.clear()
+            grads.append((piece.grad, inputs.grad))
+        if len(gathered_again) != 1:
+            failures.append(f"cast={cast}: gathered again {len(gathered_again)} times, once wanted")
+        if not all(torch.equal(a, b) for a, b in zip(*grads)):
+            failures.append(f"cast={cast}: other gradients when gathered again")
+    return failures
 
 
 def test_owned_rows_train_like_one_process_on_three_ranks():

@@ -1,7 +1,8 @@
 """ZeRO-1/2 as a plan choice (synth/zero.py, issue 22): the optimizer state (and in one stage the
 gradients) of replicated parameters sharded by rows over the ranks when that makes a plan fit;
 even rows when they fit, else water-filled to each device's headroom; priced in memory and time;
-said in the summary; kept by plan.json."""
+said in the summary; kept by plan.json. ZeRO-3: weights stored sharded are gathered for use,
+not kept for backward, and gathered again there."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from costmodel.simulator import simulate
 from hapc import synthesize
 from hapc.errors import UserError
 from hapc.plan.plan import Plan
-from synth.zero import fitted_state_shares, with_state_shares
+from hapc.ir.layout import Shard
+from hapc.ir.program import Compute, Redistribute
+from synth.zero import fitted_state_shares, with_sharded_storage, with_state_shares
 
 REPO = Path(__file__).resolve().parents[2]
 GPT = str(REPO / "configs" / "models" / "gpt.py")
@@ -122,3 +125,41 @@ def test_bad_state_shares_in_plan_json_are_refused_in_one_line(tight, tmp_path, 
     with pytest.raises(UserError, match="state_shares") as info:
         Plan.load(tmp_path / "plan.json")
     assert says in str(info.value) and "\n" not in str(info.value)
+
+
+# ---- ZeRO-3: weights stored sharded, gathered for use and again for backward -----------------------
+
+def test_sharded_storage_gathers_each_weight_once_before_its_first_reader(roomy):
+    program = roomy.program
+    sharded = with_sharded_storage(program)
+    params = [p for p in program.graph.params if program.graph.values[p].requires_grad]
+    assert all(isinstance(sharded.source_layouts[p], Shard) for p in params)
+    gathers = [s for s in sharded.steps if isinstance(s, Redistribute) and s.src in params]
+    assert sorted(s.src for s in gathers) == sorted(params)
+    first_read = {}
+    for i, step in enumerate(sharded.steps):
+        for name in step.inputs if isinstance(step, Compute) else ():
+            first_read.setdefault(name, i)
+    assert all(sharded.steps.index(s) < first_read[s.out] for s in gathers)
+    assert not any(p in s.inputs for s in sharded.steps if isinstance(s, Compute) for p in params)
+    # how it computes is unchanged
+    assert [s.strategy for s in sharded.steps if isinstance(s, Compute)] == \
+        [s.strategy for s in program.steps if isinstance(s, Compute)]
+
+
+def test_gathered_weights_are_not_kept_and_are_gathered_again_in_backward(roomy):
+    sharded = with_sharded_storage(roomy.program)
+    sim = simulate(sharded, roomy.cluster)
+    gathers = {(e.phase, e.label) for e in sim.events if e.kind == "all_gather"}
+    assert {label for phase, label in gathers if phase == "fwd"} == {label for phase, label in gathers if phase == "bwd"}
+    whole, mem = roomy.sim.memory.devices[0], sim.memory.devices[0]
+    assert mem.params_bytes < whole.params_bytes / 3              # a third of the weights at most on a fast worker
+    assert mem.activations_bytes == pytest.approx(whole.activations_bytes)    # no gathered copy is kept
+    assert sim.iteration_seconds > roomy.sim.iteration_seconds
+
+
+def test_accumulation_stores_weights_sharded_when_nothing_else_fits():
+    plan = synthesize(GPT, None, _cluster(0.0008), model_kwargs=SMALL_GPT)
+    (stage,) = plan.stages
+    assert plan.fits and plan.pipeline.microbatches > 1
+    assert any(isinstance(stage.program.source_layouts.get(p), Shard) for p in plan.graph.params)
