@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from costmodel.classes import RankClasses, rank_classes
 from costmodel.cluster import Cluster
 from costmodel.opclass import op_class
+from costmodel.recompute import call_of_steps, recomputed_calls, saved_inputs
 from costmodel.transfers import LocalBytes, forward_move, regathered
 from hapc.ir.graph import Graph
 from hapc.ir.layout import Replicate, Shard
@@ -154,11 +155,13 @@ def program_memory(program: DistProgram, cluster: Cluster | None = None,
     sums = {part: [0.0] * lanes for part in ("params_bytes", "grads_bytes", "optimizer_bytes",
                                              "activations_bytes")}
 
-    def add(part: str, amounts: Sequence[float], times: float | None = None) -> None:
-        """Add each class's amount (``times`` it, when given) to ``part``."""
-        acc = sums[part]
+    def add_to(acc: list[float], amounts: Sequence[float], times: float | None = None) -> None:
+        """Add each class's amount (``times`` it, when given) to ``acc``."""
         for c, r in enumerate(reps):
             acc[c] += amounts[r] if times is None else times * amounts[r]
+
+    def add(part: str, amounts: Sequence[float], times: float | None = None) -> None:
+        add_to(sums[part], amounts, times)
 
     for name in graph.params + graph.buffers:
         layout = program.source_layouts.get(name, Replicate())
@@ -176,7 +179,13 @@ def program_memory(program: DistProgram, cluster: Cluster | None = None,
     facts = _node_facts(graph)
     saved = saved_values(graph)
     cast_params: set[str] = set()
-    for step in program.steps:
+    # Recomputation: a recomputed call keeps its inputs; what its steps keep lives only while
+    # backward reruns it, one call at a time (costmodel.recompute).
+    calls = call_of_steps(program)
+    per_call: dict[int, list[float]] = {}
+    for i, step in enumerate(program.steps):
+        call = calls.get(i)
+        acc = sums["activations_bytes"] if call is None else per_call.setdefault(call.start, [0.0] * lanes)
         if isinstance(step, Compute):
             node, kept, casts = facts[step.node]
             if kept is None:
@@ -184,14 +193,22 @@ def program_memory(program: DistProgram, cluster: Cluster | None = None,
             outputs = step.strategy.outputs
             for k, out, times in kept:
                 if k < len(outputs):            # as zip(node.outputs, outputs) pairs them
-                    add("activations_bytes", pieces(out, outputs[k]), times)
+                    add_to(acc, pieces(out, outputs[k]), times)
             for param, layout in cast_weights(program, node, step, cast_params) if casts else ():
-                add("activations_bytes", pieces(param, layout), 0.5)      # its bf16/fp16 copy
-            extra = saved_extra_fraction(graph, node) if saved is not None else 0.0
-            if extra and outputs:               # its own saved tensors, split as its output
-                add("activations_bytes", pieces(node.outputs[0], outputs[0]), extra)
+                add_to(acc, pieces(param, layout), 0.5)      # its bf16/fp16 copy
+            extra = saved_extra(graph, node, step) if saved is not None else None
+            if extra is not None:               # its own saved tensors, split as its output (or input)
+                add_to(acc, pieces(extra[0], extra[1]), extra[2])
         elif isinstance(step, Redistribute):
-            _add_redistribute(program, step, mem, sums["activations_bytes"], reps, pieces, saved)
+            _add_redistribute(program, step, mem, acc, reps, pieces, saved)
+    if per_call:
+        layouts = program.layouts()
+        inputs = {name for call in recomputed_calls(program) for name in saved_inputs(program, call)}
+        for name in sorted(inputs):
+            add("activations_bytes", pieces(name, layouts[name]))
+        acc = sums["activations_bytes"]
+        for c in range(lanes):
+            acc[c] += max(held[c] for held in per_call.values())
     for part, acc in sums.items():
         for m, total in zip(mem, acc):
             setattr(m, part, total)
@@ -343,6 +360,22 @@ def saved_extra_fraction(graph: Graph, node) -> float:
         return 0.0
     whole = graph.values[node.outputs[0]].meta.nbytes
     return extra / whole if whole else 0.0
+
+
+def saved_extra(graph: Graph, node, step: Compute) -> tuple[str, object, float] | None:
+    """What ``node`` saves besides its inputs and outputs, as (value, its layout in ``step``,
+    fraction): a program keeps that fraction of its local piece of the value. The value is the
+    node's first output, or its first input where that is larger: a loss keeps the
+    log-probabilities of the logits it reduces to one number, which are split as the logits,
+    not as the number (whole on every rank, that was the whole batch's log-probabilities)."""
+    fraction = saved_extra_fraction(graph, node)
+    if not fraction or not step.strategy.outputs:
+        return None
+    out = graph.values[node.outputs[0]].meta.nbytes
+    refs = node.input_refs()
+    if refs and step.strategy.inputs and graph.values[refs[0]].meta.nbytes > out:
+        return step.inputs[0], step.strategy.inputs[0], fraction * out / graph.values[refs[0]].meta.nbytes
+    return node.outputs[0], step.strategy.outputs[0], fraction
 
 
 def kept_for_backward(program: DistProgram, node, step: Compute) -> list[tuple[str, object, float]]:

@@ -44,8 +44,9 @@ from typing import Any
 import numpy as np
 
 from costmodel.cluster import Cluster, Link
-from costmodel.memory import cast_weights, kept_for_backward, optimizer_copies, saved_extra_fraction, state_pieces, \
+from costmodel.memory import cast_weights, kept_for_backward, optimizer_copies, saved_extra, state_pieces, \
     zero_buffer_bytes, zero_sync_factor
+from costmodel.recompute import call_of_steps, saved_inputs
 from costmodel.simcache import SimulationCache
 from costmodel.simulator import SFB_LOCAL, _ClassFractions, factor_synced_params
 from costmodel.transfers import LocalBytes, backward_move, forward_move, local_bytes, regathered
@@ -184,11 +185,13 @@ class ProgramPricer:
         shares = _ClassFractions(program, range(world), LocalBytes(program))
         lanes = [(r, cache.device_key(r)) for r in range(world)]
         rows_of: dict[tuple, tuple[list[float], list[float], list[float], list[float]]] = {}
-        pending: list[Redistribute] = []
+        pending: list[tuple[int, Redistribute]] = []
+        calls = call_of_steps(program)     # recomputed layers: their forward again in backward
 
-        def add_move(i: int, step: Redistribute) -> None:
+        def add_move(i: int, k: int, step: Redistribute) -> None:
             scales = step.src.split("@", 1)[0] in batch
-            again = forward_move(program, step) if regathered(program, step) else None   # ZeRO-3
+            # In backward: a recomputed call's forward moves again, else ZeRO-3's gather again.
+            again = forward_move(program, step) if k in calls or regathered(program, step) else None
             for move, phase in ((forward_move(program, step), "fwd"), (again, "bwd"),
                                 (backward_move(program, step), "bwd")):
                 if move is not None:
@@ -197,14 +200,14 @@ class ProgramPricer:
         def all_reduces_seconds(nbytes: list[float]) -> float:
             return sum(cache.best("all_reduce", [b] * world)[1] for b in nbytes)
 
-        for step in program.steps:
+        for k, step in enumerate(program.steps):
             if isinstance(step, Redistribute):
-                pending.append(step)
+                pending.append((k, step))
                 continue
             i = index[step.node]
             node = nodes[step.node]
-            for r_step in pending:
-                add_move(i, r_step)
+            for r_k, r_step in pending:
+                add_move(i, r_k, r_step)
             pending = []
             self.scaled[i] = facts.scaled[i]
             node_key = cache.node_key(node)
@@ -215,6 +218,9 @@ class ProgramPricer:
                 f_row, b_row = [t.fwd_seconds for t in times], [t.bwd_seconds for t in times]
                 priced = rows_of[(node_key, fracs)] = (f_row, b_row, [launch if x > 0 else 0.0 for x in f_row],
                                                        [launch if x > 0 else 0.0 for x in b_row])
+            if k in calls:               # recomputed: backward runs the forward first
+                priced = (priced[0], [a + b for a, b in zip(priced[0], priced[1])], priced[2],
+                          [a + b for a, b in zip(priced[2], priced[3])])
             for rows, launches, row, here in ((fwd_rows, fwd_launches, priced[0], priced[2]),
                                               (bwd_rows, bwd_launches, priced[1], priced[3])):
                 if i in rows:            # a node priced by two steps: add up
@@ -232,8 +238,8 @@ class ProgramPricer:
                                       (node.outputs[0], step.strategy.outputs[0])):
                         self.moves.append((i, "bwd", "all_gather", tuple(local_bytes(program, name, lay)), None,
                                            bool(self.scaled[i])))
-        for r_step in pending:
-            add_move(n - 1, r_step)
+        for r_k, r_step in pending:
+            add_move(n - 1, r_k, r_step)
 
         def per_node(rows: dict[int, list[float]]) -> np.ndarray:
             out = np.zeros((n, world))
@@ -248,28 +254,30 @@ class ProgramPricer:
         # Activations kept for backward, per whole batch, charged to the node that makes them.
         act_rows: dict[int, list[float]] = {}
         fixed_rows: dict[int, list[float]] = {}
-        for step in program.steps:
-            if isinstance(step, Compute):
-                for out, lay, times in kept_for_backward(program, nodes[step.node], step):
-                    rows = act_rows if out in batch else fixed_rows
-                    i = index[step.node]
-                    piece = [times * b for b in local_bytes(program, out, lay)]
-                    rows[i] = [a + b for a, b in zip(rows[i], piece)] if i in rows else list(piece)
-                node = nodes[step.node]
-                extra = saved_extra_fraction(graph, node)
-                if extra and step.strategy.outputs:     # its own saved tensors (costmodel.memory)
-                    rows = act_rows if node.outputs[0] in batch else fixed_rows
-                    i = index[step.node]
-                    piece = [extra * b for b in local_bytes(program, node.outputs[0], step.strategy.outputs[0])]
-                    rows[i] = [a + b for a, b in zip(rows[i], piece)] if i in rows else list(piece)
-        # Autocast's low-precision copies of float32 weights: one per micro-batch in flight.
+        # A recomputed call's own activations live one call at a time (costmodel.recompute).
+        call_rows: dict[tuple[int, bool], dict[int, list[float]]] = {}
+
+        def charge(k: int, i: int, scaled: bool, piece: list[float]) -> None:
+            call = calls.get(k)
+            rows = (act_rows if scaled else fixed_rows) if call is None else \
+                call_rows.setdefault((call.start, scaled), {})
+            rows[i] = [a + b for a, b in zip(rows[i], piece)] if i in rows else list(piece)
+
         cast: set[str] = set()
-        for step in program.steps:
+        for k, step in enumerate(program.steps):
             if isinstance(step, Compute):
-                for param, lay in cast_weights(program, nodes[step.node], step, cast):
-                    i = index[step.node]
-                    piece = [0.5 * b for b in local_bytes(program, param, lay)]
-                    fixed_rows[i] = [a + b for a, b in zip(fixed_rows[i], piece)] if i in fixed_rows else piece
+                node, i = nodes[step.node], index[step.node]
+                for out, lay, times in kept_for_backward(program, node, step):
+                    charge(k, i, out in batch, [times * b for b in local_bytes(program, out, lay)])
+                extra = saved_extra(graph, node, step)
+                if extra is not None:                   # its own saved tensors (costmodel.memory)
+                    charge(k, i, node.outputs[0] in batch,
+                           [extra[2] * b for b in local_bytes(program, extra[0], extra[1])])
+                # autocast's low-precision copies of float32 weights: one per micro-batch in flight
+                for param, lay in cast_weights(program, node, step, cast):
+                    charge(k, i, False, [0.5 * b for b in local_bytes(program, param, lay)])
+        if call_rows:
+            self._charge_recomputed(program, calls, call_rows, act_rows, fixed_rows, index, batch)
         self.act, self.act_fixed = per_node(act_rows), per_node(fixed_rows)
 
         # Parameters: who reads them, what they hold, what their gradients and optimizer cost.
@@ -312,6 +320,31 @@ class ProgramPricer:
                 self.param_static[name] = held
         if n:
             self.static[0] += zero_buffer_bytes(program)     # ZeRO's buckets in flight, if any
+
+    @staticmethod
+    def _charge_recomputed(program: DistProgram, calls: dict, call_rows: dict, act_rows: dict, fixed_rows: dict,
+                           index: dict[str, int], batch: set[str]) -> None:
+        """Recomputed calls keep their inputs (charged to each call's first node) and, while
+        backward reruns one, that call's activations: the largest call's, charged to the first
+        call's first node (right for a stage holding all the calls, as accumulation's does)."""
+        layouts = program.layouts()
+        first_node = {}
+        for k, call in calls.items():
+            step = program.steps[k]
+            if isinstance(step, Compute):
+                first_node.setdefault(call.start, index[step.node])
+        for call in {c.start: c for c in calls.values()}.values():
+            for name in saved_inputs(program, call):
+                rows = act_rows if name.split("@", 1)[0] in batch else fixed_rows
+                i = first_node[call.start]
+                piece = list(local_bytes(program, name, layouts[name]))
+                rows[i] = [a + b for a, b in zip(rows[i], piece)] if i in rows else piece
+        at = first_node[min(first_node)]
+        for scaled, rows in ((True, act_rows), (False, fixed_rows)):
+            held = [np.sum(list(per.values()), axis=0) for (start, s), per in call_rows.items() if s == scaled]
+            if held:
+                peak = list(np.max(held, axis=0))
+                rows[at] = [a + b for a, b in zip(rows[at], peak)] if at in rows else peak
 
     def profile(self, microbatches: int) -> ProgramProfile:
         m = max(1, int(microbatches))

@@ -46,6 +46,7 @@ from costmodel.classes import rank_classes
 from costmodel.cluster import Cluster, load_cluster
 from costmodel.collectives import dual_variant, resolve_variant
 from costmodel.memory import PARTS, MemoryReport, optimizer_copies, program_memory, state_pieces
+from costmodel.recompute import call_of_steps
 from costmodel.simcache import SimulationCache
 from costmodel.transfers import LocalBytes, Move, backward_move, forward_move, regathered
 from hapc.errors import UserError
@@ -271,7 +272,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
     # A copy of the program's lists for the memory model, which may run later, maybe after the
     # caller has appended to the original; its byte counts serve both.
     frozen = DistProgram(graph, program.shares, dict(program.source_layouts), list(program.steps),
-                         program.state_shares, _blocks=program.blocks())
+                         program.state_shares, program.recompute, _blocks=program.blocks())
     pieces = LocalBytes(frozen)
     # One timeline per class of ranks the model cannot tell apart (costmodel.classes), copied
     # to every member at the end: the same floats as one timeline per rank.
@@ -300,10 +301,14 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
 
     # 1. forward
     chosen: dict[int, str] = {}            # the variant each collective ran, for its dual
+    calls = call_of_steps(program)         # recomputed layers run their forward again in backward
+    forward_times: dict[int, Any] = {}
     for i, step in enumerate(program.steps):
         if isinstance(step, Compute):
             node = nodes[step.node]
             fwd, backward_times[i] = times(step, node)
+            if i in calls:
+                forward_times[i] = fwd
             clock.work(fwd, "fwd", step.node, node.op)
             if step.strategy.local is not None:
                 _run_internal(clock, cache, step, node, "fwd")
@@ -337,6 +342,9 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
 
     for i in range(len(program.steps) - 1, -1, -1):
         step = program.steps[i]
+        call = calls.get(i)
+        if call is not None and i == call.stop - 1:
+            _recompute(clock, cache, program, pieces, call, forward_times, chosen, reps)
         if isinstance(step, Compute):
             node = nodes[step.node]
             clock.work(backward_times[i], "bwd", step.node, node.op)
@@ -345,7 +353,7 @@ def simulate(program: DistProgram, cluster: Cluster | str | Mapping[str, Any], *
             if step.strategy.local == SFB_LOCAL and world > 1:
                 _factor_gather(clock, cache, pieces, step, node)
         else:
-            if regathered(program, step):       # ZeRO-3: the weight is gathered again for backward
+            if regathered(program, step) and call is None:     # ZeRO-3: gathered again for backward
                 _run_move(clock, cache, forward_move(program, step, pieces), step, "bwd", chosen.get(i, step.method),
                           reps)
             _run_move(clock, cache, backward_move(program, step, pieces), step, "bwd", chosen.get(i, step.method),
@@ -459,6 +467,21 @@ def _run_move(clock: _Clock, cache: SimulationCache, move: Move | None, step: Re
         seconds = cache.seconds(move.kind, move.piece_bytes, variant, matrix)
     clock.collective(seconds, phase, label, move.kind, variant)
     return variant
+
+
+def _recompute(clock: _Clock, cache: SimulationCache, program: DistProgram, pieces: LocalBytes, call,
+               forward_times: Mapping[int, Any], chosen: Mapping[int, str], reps: Sequence[int]) -> None:
+    """A recomputed call's forward again, at the start of its backward (costmodel.recompute)."""
+    nodes = cache.nodes
+    for j in range(call.start, call.stop):
+        step = program.steps[j]
+        if isinstance(step, Compute):
+            node = nodes[step.node]
+            clock.work(forward_times[j], "bwd", f"{step.node} (recomputed)", node.op)
+            if step.strategy.local is not None:
+                _run_internal(clock, cache, step, node, "fwd")
+        else:
+            _run_move(clock, cache, forward_move(program, step, pieces), step, "bwd", chosen.get(j, step.method), reps)
 
 
 def _run_internal(clock: _Clock, cache: SimulationCache, step: Compute, node, phase: str) -> None:

@@ -178,7 +178,7 @@ def with_shares(program: DistProgram, shares: Sequence[float]) -> DistProgram:
     original's, found once (a union-find over every step: a fifth of a simulation). The state
     shares (ZeRO, :mod:`synth.zero`) are kept: they do not follow the work."""
     return DistProgram(program.graph, tuple(float(x) for x in shares), dict(program.source_layouts),
-                       list(program.steps), program.state_shares, _blocks=program.blocks())
+                       list(program.steps), program.state_shares, program.recompute, _blocks=program.blocks())
 
 
 def snapped_to_blocks(program: DistProgram, shares: Sequence[float]) -> tuple[float, ...]:

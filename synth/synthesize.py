@@ -28,7 +28,8 @@ from synth.loads import share_problem, snapped_to_blocks, with_shares
 from synth.ratios import MemoryInfeasible, solve_shares
 from synth.search import SearchResult, search, to_program
 from synth.space import SearchSpace
-from synth.zero import with_fitted_states, with_sharded_storage, with_state_shares
+from synth.levers import memory_variants, with_recompute
+from synth.zero import shardable, with_state_shares
 
 Progress = Callable[[str], None]
 
@@ -133,9 +134,11 @@ def _synthesize(graph: Graph, cluster: Cluster, *, time_budget: float | None, op
             if improvement < 1e-6:
                 break       # the round did not improve: whatever shares the LP found, the loop ends
             t0 = time.perf_counter()
+            # Shares that make it fit: for a program that fits no way at these shares, those under
+            # which its leanest variant fits (the next round's candidates try every variant again).
+            basis = round_best if round_best.fits else _leanest(round_best, cluster, optimizer, prices)
             try:
-                solution = solve_shares(share_problem(round_best.program, round_best.sim, cluster, optimizer, prices),
-                                        backend)
+                solution = solve_shares(share_problem(basis.program, basis.sim, cluster, optimizer, prices), backend)
             except MemoryInfeasible:
                 out.lp_seconds += time.perf_counter() - t0
                 break
@@ -213,21 +216,37 @@ def _reshared(cand: Candidate, shares: tuple[float, ...], cluster: Cluster, opti
                              cand.search, cand.space), cluster, optimizer, prices)
 
 
+def _leanest(cand: Candidate, cluster: Cluster, optimizer, prices: SimulationCache | None = None) -> Candidate:
+    """``cand`` with its layers recomputed and its replicated weights' optimizer state in rows
+    (ZeRO-2) shared as the room the weights leave on each device, where it has them
+    (:mod:`synth.levers`): about the least memory its way of computing needs, whatever the
+    shares, for the share LP to find shares under which something fits."""
+    program = cand.program
+    program = with_recompute(program) or program
+    if shardable(program):
+        weights = [m.params_bytes for m in program_memory(program, cluster, optimizer).devices]
+        room = [max(c - w, 0.0) for c, w in zip(cluster.memory_bytes(), weights)]
+        rows = [r / sum(room) for r in room] if sum(room) > 0 else [1.0 / program.world] * program.world
+        program = with_state_shares(program, rows)
+    if program is cand.program:
+        return cand
+    return Candidate(cand.name, program, simulate(program, cluster, optimizer=optimizer, cache=prices),
+                     cand.search, cand.space)
+
+
 def _fitted(cand: Candidate, cluster: Cluster, optimizer, prices: SimulationCache | None = None) -> Candidate:
-    """``cand``, or when it does not fit, its program with the optimizer state of replicated
-    parameters sharded as much as makes it fit (ZeRO-1/2), else with those parameters stored
-    sharded (ZeRO-3), if either fits (:mod:`synth.zero`)."""
+    """``cand``, or when it does not fit, the fastest of its memory variants that fits (ZeRO,
+    recomputation, :mod:`synth.levers`), if one does."""
     if cand.fits:
         return cand
-    states = with_fitted_states(cand.program, cluster.memory_bytes(),
-                                lambda other: program_memory(other, cluster, optimizer).totals)
-    for program in (states, with_sharded_storage(cand.program)):
-        if program is not None:
-            fitted = Candidate(cand.name, program, simulate(program, cluster, optimizer=optimizer, cache=prices),
-                               cand.search, cand.space)
-            if fitted.fits:
-                return fitted
-    return cand
+    best = cand
+    for program in memory_variants(cand.program, cluster.memory_bytes(),
+                                   lambda other: program_memory(other, cluster, optimizer).totals):
+        fitted = Candidate(cand.name, program, simulate(program, cluster, optimizer=optimizer, cache=prices),
+                           cand.search, cand.space)
+        if fitted.fits and (not best.fits or fitted.seconds < best.seconds):
+            best = fitted
+    return best
 
 
 def _same(a: Sequence[float], b: Sequence[float]) -> bool:

@@ -52,7 +52,7 @@ def with_state_shares(program: DistProgram, state_shares: Sequence[float] | None
     """``program`` with its replicated parameters' state sharded at ``state_shares`` (None: not)."""
     shares = None if state_shares is None else tuple(float(z) for z in state_shares)
     return DistProgram(program.graph, program.shares, dict(program.source_layouts), list(program.steps),
-                       shares, _blocks=program.blocks())
+                       shares, program.recompute, _blocks=program.blocks())
 
 
 def fitted_state_shares(base: Sequence[float], state: Sequence[float],
@@ -125,4 +125,4 @@ def with_sharded_storage(program: DistProgram) -> DistProgram | None:
             step = Compute(step.node, step.strategy, tuple(f"{r}@R" if r in dims else r for r in step.inputs))
         steps.append(step)
     layouts = {**program.source_layouts, **{p: Shard(d) for p, d in dims.items()}}
-    return DistProgram(graph, program.shares, layouts, steps, program.state_shares)
+    return DistProgram(graph, program.shares, layouts, steps, program.state_shares, program.recompute)

@@ -1,6 +1,6 @@
 """The forward written by block: each repeated layer once as a function, called per layer.
 
-:mod:`hapc.codegen.blocks` finds the blocks; this module writes them. A block function is the
+:mod:`hapc.ir.blocks` finds the blocks; this module writes them. A block function is the
 usual one line per step, with its first call's value names (those are the names the tables hold:
 a later call's pieces are the same lengths, so the first call's entries serve every call). It
 takes the values its call reads, parameters last, and returns the values read after it.
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hapc.codegen.blocks import Block, Call
+from hapc.ir.blocks import Block, Call
 from hapc.codegen.indexed import render_rows
 from hapc.ir.program import Compute, DistProgram, Redistribute
 
@@ -202,7 +202,7 @@ def _calls(program: DistProgram, block: Block, first: int, run: int, slots: _Slo
         args += [names[call.inputs[s]] for s in slots.passed]
         args += [f"*(v[p] for p in {n}_PARAMS[{first}])"] if has_params else []
         outs = [names[o] for o in call.outputs]
-        return _wrap(f"    {', '.join(outs)} = {block.name}(", args, ")")
+        return _wrap(f"    {', '.join(outs)} = {_callee(program, block)}", args, ")")
     last = calls[-1]
     carry = _carry(block, first, slots) or {}
     loop_vars = [names[o] for o in last.outputs]
@@ -223,8 +223,14 @@ def _calls(program: DistProgram, block: Block, first: int, run: int, slots: _Slo
     args = ["rt"] + (["nodes"] if has_nodes else [])
     args += [loop_vars[carry[s]] if s in carry else names[calls[0].inputs[s]] for s in slots.passed]
     args += ["*(v[p] for p in params)"] if has_params else []
-    lines += _wrap(f"        {', '.join(loop_vars)} = {block.name}(", args, ")")
+    lines += _wrap(f"        {', '.join(loop_vars)} = {_callee(program, block)}", args, ")")
     return lines
+
+
+def _callee(program: DistProgram, block: Block) -> str:
+    """How a call begins: ``block_0(``, or ``rt.recompute(block_0, `` in a program that
+    recomputes its layers in backward (its activations are not kept, costmodel.recompute)."""
+    return f"rt.recompute({block.name}, " if program.recompute else f"{block.name}("
 
 
 def _wrap(head: str, args: list[str], tail: str, width: int = 110) -> list[str]:

@@ -10,7 +10,7 @@ the plan pasted in as data and one function:
 * ``forward(rt, v)``: one line per program step with named values, the user's source line
   above the ops it produced, and the layout change and collective of each redistribution;
 * a function per repeated block of steps (a transformer layer), written once and called per
-  layer (:mod:`hapc.codegen.blocks` finds them, :mod:`hapc.codegen.by_block` writes them), and
+  layer (:mod:`hapc.ir.blocks` finds them, :mod:`hapc.codegen.by_block` writes them), and
   per-layer table rows written as loops (:mod:`hapc.codegen.indexed`), so the program grows
   with the distinct blocks of the model, not its depth.
 
@@ -37,7 +37,7 @@ from typing import Any
 
 from costmodel.simulator import factor_synced_params
 from hapc.codegen import by_block, runtime_facts
-from hapc.codegen.blocks import Block, find_blocks
+from hapc.ir.blocks import Block, find_blocks
 from hapc.codegen.indexed import literal, render_dict, render_tuple
 from hapc.ir.graph import Node, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard

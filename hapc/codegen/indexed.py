@@ -2,7 +2,7 @@
 
 A deep model's tables (parameters, pieces, gradient order, the calls of a block) repeat one
 group of rows per layer with only the layer's numbers changed. Rows are compared with their
-digit runs blanked out; a stretch of equal groups (:mod:`hapc.codegen.repeats`) whose numbers
+digit runs blanked out; a stretch of equal groups (:mod:`hapc.ir.repeats`) whose numbers
 move by a fixed step from one group to the next is written as one comprehension over ``i``.
 Every table written this way is evaluated back and compared with its rows; any difference and
 it is written out row by row instead, so the shorter form can never change the program.
@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from hapc.codegen.repeats import longest_repeat
+from hapc.ir.repeats import longest_repeat
 
 MIN_COPIES = 3            # two copies of a group read better written out
 WIDTH = 110               # wrap rows of many cells at about this many characters

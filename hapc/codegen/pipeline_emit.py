@@ -70,7 +70,7 @@ def emit_pipeline(plan: Plan, out_dir: str | Path, micro: MicroTrace | None = No
 def on_graph(program: DistProgram, graph: Graph) -> DistProgram:
     """``program``'s strategies on another graph of the same structure (the micro-batch's)."""
     return DistProgram(graph, tuple(program.shares), dict(program.source_layouts), list(program.steps),
-                       program.state_shares)
+                       program.state_shares, program.recompute)
 
 
 # ---- stages --------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 
 HERE = Path(__file__).resolve().parent
 
@@ -159,6 +160,31 @@ class Rank:
                                 *ins_info[1:])
             return L.RankCtx(self.rank, world, name, op, ins_info, outs_info, shapes, self.seed, True)
         return L.RankCtx(self.rank, world, name, op, ins_info, outs_info, shapes, self.seed, world > 1)
+
+    def recompute(self, block: Callable, *args: Any) -> Any:
+        """``block(*args)`` keeping only its arguments for backward, which runs it again first
+        (activation recomputation, ``torch.utils.checkpoint`` non-reentrant, under this
+        forward's autocast). The rerun draws this forward's random numbers (its step seed and
+        micro-batch, which a pipeline has moved on from by then), adds nothing to the step's
+        records, and runs to its end on every rank (no early stop), so its collectives line up."""
+        seed, micro = self.seed, self.micro
+        first = True
+
+        def run(*inputs: Any) -> Any:
+            nonlocal first
+            if first:
+                first = False
+                return block(*inputs)
+            now, ran, tied = (self.seed, self.micro), len(self.ran), len(self.tied)
+            self.seed, self.micro = seed, micro
+            try:
+                return block(*inputs)
+            finally:
+                self.seed, self.micro = now
+                del self.ran[ran:], self.tied[tied:]
+
+        with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+            return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False)
 
     def drive(self, result: Any) -> Any:
         """Run a local op that asks for collectives (see hapc_collectives.drive)."""

@@ -11,6 +11,8 @@ same program; which piece it holds follows from ``shares`` and :meth:`DistProgra
 ``state_shares``, when set, shards the optimizer state (and, in one-stage programs, the
 gradients) of the parameters stored replicated, ZeRO-1/2 style: rank ``r`` keeps
 ``state_shares[r]`` of each one's rows and updates only those (:mod:`synth.zero`).
+``recompute`` runs every call of a repeated block (a layer) again in backward instead of
+keeping its activations (:mod:`costmodel.recompute`).
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ class DistProgram:
     source_layouts: dict[str, Layout]
     steps: list[Step] = field(default_factory=list)
     state_shares: tuple[float, ...] | None = None
+    recompute: bool = False     # repeated blocks keep only their inputs (costmodel.recompute)
     _blocks: dict[tuple[str, int], int] | None = field(default=None, repr=False)
     _pieces: tuple[Any, dict[tuple, tuple]] | None = field(default=None, repr=False,
                                                                                 compare=False)

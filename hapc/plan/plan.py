@@ -31,7 +31,7 @@ from hapc.ir.graph import Graph, hash_of_json
 from hapc.ir.precision import Precision
 from hapc.ir.program import DistProgram, Redistribute
 from hapc.plan.paths import loaded_model_path, stored_model_path
-from hapc.plan.program_json import program_from_dict, state_shares_entry, steps_to_dict
+from hapc.plan.program_json import memory_levers_entry, program_from_dict, steps_to_dict
 from hapc.process.collector import gc_paused
 
 if TYPE_CHECKING:
@@ -207,7 +207,7 @@ class Plan:
             "model": self.model,
             "graph_hash": section.hash if section is not None else hash_of_json(graph),   # Graph.hash
             "cluster": cluster,
-            "shares": list(self.program.shares), **state_shares_entry(self.program),
+            "shares": list(self.program.shares), **memory_levers_entry(self.program),
             "source_layouts": {k: repr(v) for k, v in sorted(self.program.source_layouts.items())},
             "predicted": {
                 "iteration_seconds": sim.iteration_seconds,
@@ -359,7 +359,7 @@ def _pipeline_to_dict(pipeline: Pipeline, graph: Graph) -> dict[str, Any]:
         stages.append({
             "first_node": st.first_node, "stop_node": st.stop_node,
             "first_node_name": graph.nodes[st.first_node].name, "last_node_name": graph.nodes[st.stop_node - 1].name,
-            "ranks": list(st.ranks), "shares": list(st.program.shares), **state_shares_entry(st.program),
+            "ranks": list(st.ranks), "shares": list(st.program.shares), **memory_levers_entry(st.program),
             "source_layouts": {k: repr(v) for k, v in sorted(st.program.source_layouts.items())},
             "steps": steps_to_dict(st.program),
             "predicted": {"fwd_seconds_per_microbatch": st.cost.fwd_seconds if st.cost else 0.0,

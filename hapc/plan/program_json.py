@@ -45,8 +45,10 @@ def program_from_dict(graph: Graph, data: dict[str, Any]) -> DistProgram:
         raise UserError(f"steps: unknown collective method {sorted(map(str, methods - METHOD_NAMES))[0]!r}; "
                         f"expected one of {', '.join(sorted(METHOD_NAMES))}")
     layout_of = _LAYOUTS.__getitem__
+    if type(data.get("recompute", False)) is not bool:
+        raise UserError(f"recompute: expected true or false, got {str(data['recompute'])[:40]}")
     program = DistProgram(graph, shares, {k: layout_of(v) for k, v in data["source_layouts"].items()},
-                          state_shares=states)
+                          state_shares=states, recompute=data.get("recompute", False))
     for s in data["steps"]:
         if "compute" in s:
             strat = Strategy(tuple(layout_of(x) for x in s["inputs"]),
@@ -68,9 +70,11 @@ def _fractions(data: dict[str, Any], key: str, what: str) -> tuple[float, ...]:
     return tuple(values)
 
 
-def state_shares_entry(program: DistProgram) -> dict[str, list[float]]:
-    """plan.json's ``state_shares`` entry: only for a program with ZeRO (:mod:`synth.zero`)."""
-    return {} if program.state_shares is None else {"state_shares": list(program.state_shares)}
+def memory_levers_entry(program: DistProgram) -> dict[str, Any]:
+    """plan.json's ``state_shares`` entry (a program with ZeRO, :mod:`synth.zero`) and
+    ``recompute`` entry (a program that recomputes its layers), each only when there is one."""
+    out: dict[str, Any] = {} if program.state_shares is None else {"state_shares": list(program.state_shares)}
+    return {**out, "recompute": True} if program.recompute else out
 
 
 class _LayoutsByText(dict):

@@ -33,7 +33,7 @@ def summary_text(plan: Plan) -> str:
         lines.append("the best one-stage plan over all devices, for comparison:")
     lines.append(plan.sim.table(batch_rows(plan)))
     lines += pipeline_lines(plan)
-    lines += _state_lines(plan)
+    lines += _memory_lever_lines(plan)
     if plan.search and "segments" in plan.search:      # a baseline, or a replan that kept one, has none
         s = plan.search
         lines.append(f"search: {'optimal under the search cost model' if s.get('exact') else 'time budget hit'}"
@@ -42,22 +42,31 @@ def summary_text(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def _state_lines(plan: Plan) -> list[str]:
-    """ZeRO's line, for a plan that shards the optimizer state of replicated parameters by rows
-    (:mod:`synth.zero`): ZeRO-2 in one stage, ZeRO-1 under accumulation (gradients accumulate whole)."""
+def _memory_lever_lines(plan: Plan) -> list[str]:
+    """What the plan gives up time for memory with (:mod:`synth.levers`): ZeRO's rows of the
+    optimizer state of replicated parameters (ZeRO-2 in one stage, ZeRO-1 under accumulation,
+    whose gradients accumulate whole) and activation recomputation."""
+    from costmodel.recompute import recomputed_calls
+
     pipe = plan.pipeline
     program = plan.program if pipe is None else pipe.stages[0].program if len(pipe.stages) == 1 else None
-    if program is None or program.state_shares is None:
+    if program is None:
         return []
+    lines = []
+    if program.recompute:
+        lines.append(f"activation recomputation: the program recomputes its {len(recomputed_calls(program))} "
+                     "repeated layers in backward (each keeps its input, not its activations)")
+    if program.state_shares is None:
+        return lines
     ranks = range(program.world) if pipe is None else pipe.stages[0].ranks
     kept = {}
     for r, share in zip(ranks, program.state_shares):
         kept.setdefault(plan.cluster.devices[r].type, share)
     sharded = sum(1 for p in program.graph.params if program.state_rows(p) is not None)
     what = ("ZeRO-2: the gradients and optimizer state" if pipe is None else "ZeRO-1: the optimizer state")
-    return [f"{what} of {sharded} replicated parameters sharded by rows over {program.world} ranks (each keeps "
-            + ", ".join(f"{t} {z:.3f}" for t, z in kept.items())
-            + "), reduce-scattered and all-gathered instead of all-reduced"]
+    return lines + [f"{what} of {sharded} replicated parameters sharded by rows over {program.world} ranks "
+                    "(each keeps " + ", ".join(f"{t} {z:.3f}" for t, z in kept.items())
+                    + "), reduce-scattered and all-gathered instead of all-reduced"]
 
 
 def _gap_note(gap: float) -> str:

@@ -161,7 +161,7 @@ def test_model_kwargs_are_written_sorted_whatever_order_they_came_in():
 def test_runs_of_a_period_are_the_maximal_stretches_a_plain_scan_finds():
     import random
 
-    from hapc.codegen.repeats import Repeat, _runs
+    from hapc.ir.repeats import Repeat, _runs
 
     def scanned(ids: list[int], period: int) -> list[Repeat]:
         out, start = [], None

@@ -21,9 +21,9 @@ import hapc
 import hapc.codegen.emitter as emitter
 from costmodel.cluster import load_cluster
 from hapc.codegen import emit, render
-from hapc.codegen.blocks import find_blocks
+from hapc.ir.blocks import find_blocks
 from hapc.codegen.indexed import compress, render_dict, render_rows, render_tuple
-from hapc.codegen.repeats import longest_repeat
+from hapc.ir.repeats import longest_repeat
 from hapc.ir.layout import Replicate
 from hapc.ir.program import Compute, Strategy
 from synth.baselines import baseline_program

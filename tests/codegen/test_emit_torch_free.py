@@ -25,6 +25,7 @@ import hapc
 from costmodel.cluster import load_cluster
 from hapc.codegen import runtime_facts
 from hapc.ir.graph import Graph, Node, Ref, TensorMeta, Value
+from hapc.ir.graph import TorchFacts
 from hapc.plan.plan import Plan
 from hapc.frontend.torchfacts import record
 
@@ -156,7 +157,9 @@ def test_a_plan_emits_without_torch_the_program_torch_would_write(plans, tmp_pat
     assert (tmp_path / "replanned" / "program.py").exists()
     for name, path in plans.items():
         plan = Plan.load(path)
-        plan.graph.torch_facts = None       # a plan without the record: torch answers, as before
+        # A plan without the record of torch's answers: torch answers, as before (what autograd
+        # saves is kept: the memory figures in the program's docstring are priced from it).
+        plan.graph.torch_facts = TorchFacts(saved=plan.graph.torch_facts.saved)
         plan.microbatch_record = None       # and a pipelined one traces its micro-batch again
         torch_answers = plan.emit(tmp_path / f"{name}-torch").read_text()
         written = (tmp_path / f"{name}-no-torch" / "program.py").read_text()

@@ -123,8 +123,10 @@ def test_accumulated_checkpoints_resume_exactly_under_a_one_stage_plan_and_back(
     def losses(path: Path, *args: str) -> list[float]:
         return list(step_losses(_launch(path, [4], *args)[0]).values())
 
-    straight = losses(acc, "--steps", "4")
+    # Two plans sum in other orders: their losses agree to float32 rounding, not to the last digit.
+    straight = {path: losses(path, "--steps", "4") for path in (acc, one)}
     for first, then in ((acc, one), (one, acc)):
         saved = tmp_path / f"ck-{first.parent.name}"
-        assert losses(first, "--steps", "2", "--save", str(saved)) == straight[:2]
-        assert losses(then, "--steps", "2", "--load", str(saved)) == straight[2:], first.parent.name
+        assert losses(first, "--steps", "2", "--save", str(saved)) == straight[first][:2]
+        assert losses(then, "--steps", "2", "--load", str(saved)) == pytest.approx(straight[then][2:], rel=1e-6), \
+            first.parent.name

@@ -59,3 +59,14 @@ def test_weights_stored_sharded_are_gathered_again_in_backward_and_verify(tmp_pa
     plan = Plan(program, roomy.cluster, simulate(program, roomy.cluster), model=roomy.model, precision=roomy.precision)
     outs = _launch(_emit(plan, tmp_path), [4], "--steps", "3", "--verify")
     assert "verify: ok" in outs[0] and "step 3 loss" in outs[0], outs[0][-2000:]
+
+
+def test_recomputed_layers_with_dropout_verify(tmp_path):
+    """Activation recomputation (each layer's forward again in backward, its dropout masks
+    drawn again the same) with ZeRO-2: the gradients of one device."""
+    plan = synthesize(GPT, None, _cluster(0.0015), model_kwargs={**SMALL_GPT, "dropout": 0.1})
+    assert plan.program.recompute
+    path = _emit(plan, tmp_path)
+    assert "rt.recompute(block_0, " in path.read_text()
+    outs = _launch(path, [4], "--steps", "3", "--verify")
+    assert "verify: ok" in outs[0] and "step 3 loss" in outs[0], outs[0][-2000:]

@@ -14,7 +14,6 @@ from costmodel.groups import group_key, link_between, sub_cluster
 from costmodel.pipeline import ProgramPricer, StageCost, inflight_microbatches, schedule_cost
 from costmodel.simulator import simulate
 from hapc.errors import UserError
-from hapc.ir.layout import Shard
 from hapc.codegen.launch import launch_lines
 
 REPO = Path(__file__).resolve().parents[2]
@@ -489,8 +488,8 @@ def test_auto_pipelines_when_no_one_stage_plan_fits(gpt4):
     """Devices too small for one stage's activations: --stages auto still tries stages (a stage
     holds some layers and, under 1F1B, a few micro-batches' activations) and finds one that fits,
     where it stopped at the one-stage search's memory error before (issue 22). Without stages
-    only gradient accumulation over weights stored sharded (ZeRO-3) fits, ten times slower; with
-    stages that do not fit either, it is the one-stage error."""
+    one stage fits only by giving time for memory (layers recomputed, optimizer state in ZeRO's
+    rows), twice as slow; with stages that do not fit either, it is the one-stage error."""
     from hapc.api import synthesize
     from synth.ratios import MemoryInfeasible
 
@@ -500,11 +499,8 @@ def test_auto_pipelines_when_no_one_stage_plan_fits(gpt4):
         return {"name": "tight", "nodes": [node, node], "network": {"bandwidth_Gbps": 10, "latency_us": 20}}
 
     one = synthesize(gpt4, None, cluster(0.0015))
-    assert one.fits and len(one.stages) == 1 and one.pipeline.microbatches > 1
-    stored = one.stages[0].program.source_layouts
-    assert sum(one.graph.meta(p).nbytes for p in one.graph.params if isinstance(stored.get(p), Shard)) > \
-        0.9 * sum(one.graph.meta(p).nbytes for p in one.graph.params)
+    assert one.fits and one.pipeline is None and one.program.recompute and one.program.state_shares is not None
     plan = synthesize(gpt4, None, cluster(0.0015), stages="auto")
-    assert plan.fits and len(plan.stages) >= 2 and max(plan.memory) <= 0.0015e9 and plan.cost < one.cost / 5
+    assert plan.fits and len(plan.stages) >= 2 and max(plan.memory) <= 0.0015e9 and plan.cost < one.cost / 2
     with pytest.raises(MemoryInfeasible):
         synthesize(gpt4, None, cluster(0.001), stages="auto")

@@ -163,3 +163,13 @@ def test_accumulation_stores_weights_sharded_when_nothing_else_fits():
     (stage,) = plan.stages
     assert plan.fits and plan.pipeline.microbatches > 1
     assert any(isinstance(stage.program.source_layouts.get(p), Shard) for p in plan.graph.params)
+
+
+# ---- the ladder (synth/levers.py): the fastest variant that fits -----------------------------------
+
+def test_recomputation_with_zero_wins_where_zero_alone_does_not_fit():
+    plan = synthesize(GPT, None, _cluster(0.0015), model_kwargs={**SMALL_GPT, "dropout": 0.1})
+    assert plan.program.recompute and plan.program.state_shares is not None and plan.sim.fits
+    sharded = with_sharded_storage(plan.program)              # ZeRO-3 fits too, but is slower
+    assert simulate(sharded, plan.cluster).iteration_seconds > plan.cost
+    assert "recomputes its 2 repeated layers in backward" in plan.summary()

@@ -8,7 +8,7 @@ per device and the same in every layer, so a plan usually makes every layer of a
 block; a layer the search planned differently is another block (or stays inline).
 
 Finding them: each step gets a *token* that holds everything above except names; the longest
-tandem repeat of tokens (:mod:`hapc.codegen.repeats`) proposes the layers; each proposed copy
+tandem repeat of tokens (:mod:`hapc.ir.repeats`) proposes the layers; each proposed copy
 is then put in canonical form (values renamed by where they are made, or by first use when made
 outside) and only consecutive copies with equal forms become calls of one block. What is left
 on either side is searched again (an encoder stack, then a decoder stack). Blocks with equal
@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from hapc.codegen.repeats import longest_repeat
+from hapc.ir.repeats import longest_repeat
 from hapc.ir.graph import Node, Ref
 from hapc.ir.layout import Layout, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute

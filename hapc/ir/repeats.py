@@ -1,6 +1,6 @@
 """Tandem repeats: the longest stretch of a sequence that is one piece repeated back to back.
 
-Both the program's layers (:mod:`hapc.codegen.blocks`) and the per-layer rows of its tables
+Both the program's layers (:mod:`hapc.ir.blocks`) and the per-layer rows of its tables
 (:mod:`hapc.codegen.indexed`) are such stretches. Only the periods at which some token recurs
 can be periods of a repeat, so the search tries the most frequent gaps between equal tokens
 rather than every period: linear in the sequence per candidate, not quadratic.
