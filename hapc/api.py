@@ -129,7 +129,8 @@ def _synthesize(traced: Traced, cluster: str | Mapping[str, Any] | Cluster, from
         pipeline = _pipeline(planner, stages, microbatches, schedule, baselines, one_stage)
         if pipeline is not None and stages == "auto" and pipeline.iteration_seconds >= one_stage:
             pipeline = None        # one stage over all devices is still the fastest
-    levers = ["sharding", "uneven shares"] + (["pipeline stages"] if staged else [])
+    levers = ["sharding", "uneven shares", "ZeRO-1/2/3", "activation recomputation"] + \
+        (["pipeline stages"] if staged else [])
     forced_accumulation = not staged and microbatches is not None and microbatches > 1
     if forced_accumulation or (_memory_binds(result) and stages in (None, 1, "auto")):
         before = pipeline

@@ -478,6 +478,25 @@ def _memory_infeasible(p: ShareProblem, rows: _Rows, solve: _Solver) -> MemoryIn
     missing = {p.device_names[d]: v for d, v in short}       # device order, as in the file
     if not missing:
         raise RuntimeError("ratio LP reported infeasible memory but nothing overflows")
-    parts = ", ".join(f"{v / 1e9:.3g} GB missing on {name}" for name, v in missing.items())
-    return MemoryInfeasible(f"does not fit: {parts} ({sum(missing.values()) / 1e9:.3g} GB "
+    return MemoryInfeasible(f"does not fit: {missing_text(missing)} ({sum(missing.values()) / 1e9:.3g} GB "
                             "in all, even with the shares that leave the least missing)", missing)
+
+
+def missing_text(missing: dict[str, float]) -> str:
+    """``{"A100-40GB#0": bytes, ...}`` as a line a person reads: a run of devices of one type
+    missing the same (to three figures) is written once, ``12.3 GB missing on
+    A100-40GB#0..#31 (each)``, so a 64-device cluster is two phrases, not 64."""
+    runs: list[list] = []
+    for name, value in missing.items():
+        kind, sep, index = name.rpartition("#")
+        if not sep:
+            kind, index = name, ""
+        amount = f"{value / 1e9:.3g} GB"
+        if runs and index and runs[-1][0] == kind and runs[-1][1] == amount:
+            runs[-1][3] = index
+        else:
+            runs.append([kind, amount, index, index])
+    return ", ".join(f"{amount} missing on {kind}" if not first else
+                     f"{amount} missing on {kind}#{first}" if first == last else
+                     f"{amount} missing on {kind}#{first}..#{last} (each)"
+                     for kind, amount, first, last in runs)

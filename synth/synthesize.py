@@ -25,11 +25,11 @@ from synth.costs import Prices
 from costmodel.memory import program_memory
 from hapc.process.collector import gc_paused
 from synth.loads import share_problem, snapped_to_blocks, with_shares
-from synth.ratios import MemoryInfeasible, solve_shares
+from synth.ratios import MemoryInfeasible, missing_text, solve_shares
 from synth.search import SearchResult, search, to_program
 from synth.space import SearchSpace
 from synth.levers import memory_variants, with_recompute
-from synth.zero import shardable, with_state_shares
+from synth.zero import shardable, with_sharded_storage, with_state_shares
 
 Progress = Callable[[str], None]
 
@@ -217,21 +217,35 @@ def _reshared(cand: Candidate, shares: tuple[float, ...], cluster: Cluster, opti
 
 
 def _leanest(cand: Candidate, cluster: Cluster, optimizer, prices: SimulationCache | None = None) -> Candidate:
-    """``cand`` with its layers recomputed and its replicated weights' optimizer state in rows
-    (ZeRO-2) shared as the room the weights leave on each device, where it has them
-    (:mod:`synth.levers`): about the least memory its way of computing needs, whatever the
-    shares, for the share LP to find shares under which something fits."""
-    program = cand.program
-    program = with_recompute(program) or program
-    if shardable(program):
-        weights = [m.params_bytes for m in program_memory(program, cluster, optimizer).devices]
-        room = [max(c - w, 0.0) for c, w in zip(cluster.memory_bytes(), weights)]
-        rows = [r / sum(room) for r in room] if sum(room) > 0 else [1.0 / program.world] * program.world
-        program = with_state_shares(program, rows)
-    if program is cand.program:
-        return cand
-    return Candidate(cand.name, program, simulate(program, cluster, optimizer=optimizer, cache=prices),
-                     cand.search, cand.space)
+    """``cand`` with its layers recomputed and either its replicated weights' optimizer state
+    in rows (ZeRO-2) shared as the room the weights leave on each device, or those weights
+    stored sharded (ZeRO-3), whichever overflows the least (:mod:`synth.levers`): about the
+    least memory its way of computing needs, whatever the shares, for the share LP to find
+    shares under which something fits, or to say how much is missing when nothing does."""
+    recomputed = with_recompute(cand.program) or cand.program
+    tries = [_rows_by_room(recomputed, cluster, optimizer), with_sharded_storage(recomputed)]
+    best = cand
+    for program in (p for p in tries if p is not None and p is not cand.program):
+        lean = Candidate(cand.name, program, simulate(program, cluster, optimizer=optimizer, cache=prices),
+                         cand.search, cand.space)
+        if _overflow(lean, cluster) < _overflow(best, cluster):
+            best = lean
+    return best
+
+
+def _rows_by_room(program: DistProgram, cluster: Cluster, optimizer) -> DistProgram:
+    """``program`` with its replicated weights' optimizer state in rows shared as the room the
+    weights leave on each device (ZeRO-2); itself when it has none."""
+    if not shardable(program):
+        return program
+    weights = [m.params_bytes for m in program_memory(program, cluster, optimizer).devices]
+    room = [max(c - w, 0.0) for c, w in zip(cluster.memory_bytes(), weights)]
+    rows = [r / sum(room) for r in room] if sum(room) > 0 else [1.0 / program.world] * program.world
+    return with_state_shares(program, rows)
+
+
+def _overflow(cand: Candidate, cluster: Cluster) -> float:
+    return sum(max(0.0, t - c) for t, c in zip(cand.sim.memory.totals, cluster.memory_bytes()))
 
 
 def _fitted(cand: Candidate, cluster: Cluster, optimizer, prices: SimulationCache | None = None) -> Candidate:
@@ -254,13 +268,13 @@ def _same(a: Sequence[float], b: Sequence[float]) -> bool:
 
 
 def raise_memory(best: Candidate, cluster: Cluster, optimizer, backend: str) -> None:
-    """Nothing fits: let the LP say how much memory is missing where."""
-    solve_shares(share_problem(best.program, best.sim, cluster, optimizer), backend)
-    missing = [(d, t - c) for d, t, c in zip(cluster.devices, best.sim.memory.totals, cluster.memory_bytes())
-               if t > c]
-    text = ", ".join(f"{gap / 1e9:.2f} GB missing on {d.type}#{d.index}" for d, gap in missing)
-    raise MemoryInfeasible(f"no plan fits in memory: {text}",
-                           {f"{d.type}#{d.index}": gap for d, gap in missing})
+    """Nothing fits: let the LP say how much memory is missing where, for the leanest variant of
+    the best program (layers recomputed, ZeRO's rows): what the memory levers could not close."""
+    lean = _leanest(best, cluster, optimizer)
+    solve_shares(share_problem(lean.program, lean.sim, cluster, optimizer), backend)
+    missing = {f"{d.type}#{d.index}": t - c for d, t, c in zip(cluster.devices, lean.sim.memory.totals,
+                                                                 cluster.memory_bytes()) if t > c}
+    raise MemoryInfeasible(f"no plan fits in memory: {missing_text(missing)}", missing)
 
 
 def _shares_text(shares: Sequence[float]) -> str:

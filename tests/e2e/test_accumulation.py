@@ -72,7 +72,8 @@ def test_when_nothing_fits_the_error_names_the_levers_tried():
         _plan(_cluster(5))
     message = str(info.value)
     assert "\n" not in message and "missing on fast#0" in message
-    assert "tried: sharding, uneven shares, gradient accumulation up to 4 micro-batches" in message
+    assert "tried: sharding, uneven shares, ZeRO-1/2/3, activation recomputation, gradient accumulation up to 4 " \
+        "micro-batches" in message
 
 
 def test_a_model_whose_samples_are_coupled_is_not_accumulated_and_the_error_says_so():

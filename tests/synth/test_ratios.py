@@ -81,6 +81,13 @@ def test_memory_cap_limits_the_fast_device(backend):
     assert free.shares[0] == pytest.approx([0.8, 0.2], abs=1e-8)
 
 
+def test_missing_memory_reads_as_runs_of_alike_devices():
+    from synth.ratios import missing_text
+
+    assert missing_text({"A100#0": 2e9, "A100#1": 2e9, "V100#2": 3e9, "V100#3": 1e9, "cpu": 5e8}) == \
+        "2 GB missing on A100#0..#1 (each), 3 GB missing on V100#2, 1 GB missing on V100#3, 0.5 GB missing on cpu"
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_memory_infeasible_names_the_missing_gigabytes(backend):
     # 40 GB of sharded state + 2 GB each on two 16 GB cards: 12 GB short, 6 GB on each.
@@ -91,7 +98,7 @@ def test_memory_infeasible_names_the_missing_gigabytes(backend):
         solve_shares(problem, backend)
     message = str(info.value)
     assert isinstance(info.value, UserError) and "\n" not in message
-    assert "6 GB missing on V100-16GB#4" in message and "6 GB missing on V100-16GB#5" in message
+    assert "6 GB missing on V100-16GB#4..#5 (each)" in message       # a run of alike devices once
     assert "12 GB in all" in message
     assert info.value.missing_bytes == pytest.approx({"V100-16GB#4": 6 * GB,
                                                       "V100-16GB#5": 6 * GB}, rel=1e-6)
