@@ -70,4 +70,8 @@ def explain(plan: Plan, limit: int | None = None) -> str:
     from hapc.report.model import batch_rows
 
     lines.append(sim.table(batch_rows(plan)).split("\n", 2)[2])          # the per-device table (its time lines are above)
+    lines.append("memory per device: what makes up each one's peak (activations: what backward needs kept"
+                 + (", here each recomputed layer's input and one layer's own" if plan.program.recompute else "")
+                 + "; comm: the largest collective buffer)")
+    lines.append(sim.memory.table())
     return "\n".join(lines)

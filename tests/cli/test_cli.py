@@ -81,6 +81,7 @@ def test_compile_simulate_explain_check(tmp_path, capsys):
     assert rc == 0 and "time per iteration" in text
     rc, text = _run(["explain", str(out / "plan.json")], capsys)
     assert rc == 0 and "mlp.py:" in text
+    assert "memory per device: what makes up each one's peak" in text and "params    grads    optim" in text
     rc, text = _run(["check", str(out / "plan.json"), "--baseline", str(out / "plan.json")], capsys)
     assert rc == 0 and "ok" in text
 
