@@ -18,6 +18,7 @@ from dataclasses import replace
 from hapc.ir.program import DistProgram
 from synth.loads import snapped_to_blocks, with_shares
 from synth.stages import Pipeline, StagePlanner
+from synth.levers import without_recompute
 from synth.zero import with_fitted_states, with_sharded_storage
 
 
@@ -46,7 +47,8 @@ def accumulation(planner: StagePlanner, microbatches: int | None = None,
         counts = [m for m in planner.microbatch_counts([whole]) if m > 1]
     if not counts:
         return None
-    candidates = [planner.group_program(whole), *programs]
+    # A pipeline's stage forwards are written inline (no block functions), so none recomputes.
+    candidates = [planner.group_program(whole), *(without_recompute(p) for p in programs)]
     candidates += [p for p in map(with_sharded_storage, candidates) if p is not None]     # ZeRO-3
     best: Pipeline | None = None
     for m in counts:

@@ -33,6 +33,13 @@ def with_recompute(program: DistProgram) -> DistProgram | None:
     return replace(program, steps=list(program.steps), recompute=True, _pieces=None)
 
 
+def without_recompute(program: DistProgram) -> DistProgram:
+    """``program`` keeping its layers' activations (for a pipeline stage: its forward is written
+    inline, without the block functions ``rt.recompute`` calls)."""
+    return replace(program, steps=list(program.steps), recompute=False, _pieces=None) if program.recompute \
+        else program
+
+
 def memory_variants(program: DistProgram, capacity: Sequence[float], totals: Totals) -> Iterator[DistProgram]:
     """The variants of ``program`` with less memory (see the module docstring), each once;
     ``totals`` prices a program's bytes per device (for the ZeRO rows that fit)."""

@@ -70,3 +70,20 @@ def test_recomputed_layers_with_dropout_verify(tmp_path):
     assert "rt.recompute(block_0, " in path.read_text()
     outs = _launch(path, [4], "--steps", "3", "--verify")
     assert "verify: ok" in outs[0] and "step 3 loss" in outs[0], outs[0][-2000:]
+
+
+def test_recomputed_layers_over_weights_stored_sharded_verify(tmp_path):
+    """Recomputation inside ZeRO-3: a recomputed layer gathers its weights again when backward
+    reruns it (torch.utils.checkpoint's hooks, not GatheredWeights', hold that layer's tensors)."""
+    from costmodel.simulator import simulate
+    from hapc.plan.plan import Plan
+    from synth.levers import with_recompute
+    from synth.zero import with_sharded_storage
+
+    roomy = synthesize(GPT, None, _cluster(8), model_kwargs={**SMALL_GPT, "dropout": 0.1})
+    program = with_recompute(with_sharded_storage(roomy.program))
+    plan = Plan(program, roomy.cluster, simulate(program, roomy.cluster), model=roomy.model, precision=roomy.precision)
+    path = _emit(plan, tmp_path)
+    assert "rt.recompute(block_0, " in path.read_text()
+    outs = _launch(path, [4], "--steps", "3", "--verify")
+    assert "verify: ok" in outs[0] and "step 3 loss" in outs[0], outs[0][-2000:]
