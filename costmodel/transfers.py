@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from costmodel.collectives import OverlapSends
 from hapc.ir.graph import DTYPE_BYTES, TensorMeta
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
-from hapc.ir.program import DistProgram, Redistribute
+from hapc.ir.program import Compute, DistProgram, Redistribute
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,51 @@ class LocalBytes:
 
 def forward_move(program: DistProgram, step: Redistribute, pieces: LocalBytes | None = None) -> Move | None:
     """The transfer a Redistribute performs in the forward pass (None when nothing moves).
-    ``pieces`` (the program's :class:`LocalBytes`) saves working out its byte counts again."""
-    return _move(program, step.src, step.out, step.src_layout, step.dst_layout, pieces or LocalBytes(program))
+    ``pieces`` (the program's :class:`LocalBytes`) saves working out its byte counts again.
+    A weight gathered for low-precision products only travels in their precision
+    (:func:`low_precision_gather`)."""
+    move = _move(program, step.src, step.out, step.src_layout, step.dst_layout, pieces or LocalBytes(program))
+    low = low_precision_gather(program, step) if move is not None and move.kind == "all_gather" else None
+    if low is None:
+        return move
+    ratio = DTYPE_BYTES[low] / DTYPE_BYTES.get(meta_of(program, step.src).dtype, 4)
+    return Move(move.kind, tuple(b * ratio for b in move.piece_bytes))
+
+
+def low_precision_gather(program: DistProgram, step: Redistribute) -> str | None:
+    """The dtype a weight stored sharded travels in when it is gathered (:func:`regathered`)
+    for readers that are all low-precision (bf16/fp16) products, or None. Autocast would cast
+    the gathered float32 weight to that dtype anyway, and a cast commutes with a gather, so the
+    pieces are cast first and half the bytes move; the gradient still goes back in float32.
+    The program's ``LOW_GATHERS`` table (hapc.codegen) says the same."""
+    if not regathered(program, step):
+        return None
+    readers = _readers(program).get(step.out, ())
+    dtypes = {program.graph.meta(node.outputs[0]).dtype if node.outputs else "float32" for node in readers}
+    if not readers or len(dtypes) != 1:
+        return None
+    low = dtypes.pop()
+    return low if low in ("bfloat16", "float16") and meta_of(program, step.src).dtype == "float32" else None
+
+
+_READERS: dict[int, tuple[DistProgram, int, dict[str, list]]] = {}
+
+
+def _readers(program: DistProgram) -> dict[str, list]:
+    """Value name -> the graph nodes of the steps that read it (remembered per program)."""
+    hit = _READERS.get(id(program))
+    if hit is not None and hit[0] is program and hit[1] == len(program.steps):
+        return hit[2]
+    nodes = {n.name: n for n in program.graph.nodes}
+    found: dict[str, list] = {}
+    for step in program.steps:
+        if isinstance(step, Compute):
+            for name in step.inputs:
+                found.setdefault(name, []).append(nodes[step.node])
+    if len(_READERS) > 8:
+        _READERS.clear()
+    _READERS[id(program)] = (program, len(program.steps), found)
+    return found
 
 
 def regathered(program: DistProgram, step: Redistribute) -> bool:

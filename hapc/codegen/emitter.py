@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.simulator import factor_synced_params
+from costmodel.transfers import low_precision_gather
 from hapc.codegen import by_block, runtime_facts
 from hapc.ir.blocks import Block, find_blocks
 from hapc.codegen.indexed import literal, render_dict, render_tuple
@@ -223,6 +224,8 @@ def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: 
         "# ZeRO: of those, the ones whose gradient and optimizer state are kept as rows each rank",
         "# owns (rows of the first dimension per rank); the optimizer steps those rows only.",
         render_dict("STATE_ROWS: dict[str, tuple[int, ...]]", state_rows(program)),
+        "# ZeRO-3: weights gathered for low-precision products only travel in that dtype.",
+        render_dict("LOW_GATHERS: dict[str, str]", low_gathers(program)),
         "",
         "# Ranks per node, in the cluster file's order (a multi-node launch is checked against it).",
         f"NODE_SIZES: tuple[int, ...] = {literal(_node_sizes(program, cluster))}",
@@ -328,6 +331,13 @@ def _local_calls(program: DistProgram) -> dict:
             shapes = tuple(tuple(program.graph.meta(o).shape) for o in node.outputs)
             out[step.node] = (node.op, ins, outs, shapes)
     return out
+
+
+def low_gathers(program: DistProgram) -> list[tuple[str, str]]:
+    """(weight, dtype) of the gathers of weights stored sharded whose readers are all bf16/fp16
+    products (:func:`costmodel.transfers.low_precision_gather`)."""
+    return [(s.src, low) for s in program.steps if isinstance(s, Redistribute)
+            for low in [low_precision_gather(program, s)] if low is not None]
 
 
 def state_rows(program: DistProgram) -> list[tuple[str, tuple[int, ...]]]:

@@ -193,6 +193,8 @@ def render_pipeline(plan: Plan, graph: Graph, model_name: str, reduction: str | 
     body = "\n".join([
         _globals(plan, graph, model_name, pipe, holders, reduction, count, constants_sha256),
         emitter._precision_tables(plan.precision, plan.cluster),
+        "# ZeRO-3: weights gathered for low-precision products only travel in that dtype.",
+        emitter._dict("LOW_GATHERS: dict[str, str]", dict(kv for code in codes for kv in emitter.low_gathers(code.program))),
         "",
         "# One table per stage: its group's global ranks, its SPMD tables at micro-batch shapes",
         "# (SHARDS, LOCAL_CALLS, GRAD_SYNC_ORDER as in a one-stage program), the sources it holds,",

@@ -81,6 +81,7 @@ SHARDS: dict[str, tuple[int, tuple[int, ...]]] = {}
 LOCAL_CALLS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]] = {}
 GRAD_SYNC_ORDER: tuple[str, ...] = ()
 STATE_ROWS: dict[str, tuple[int, ...]] = {}
+LOW_GATHERS: dict[str, str] = {}
 NODE_SIZES: tuple[int, ...] = (1,)
 TRACED_FOR = "cpu"
 PRECISION = "fp32"
@@ -197,10 +198,18 @@ class Rank:
 
     def all_gather(self, x: torch.Tensor, src: str, method: str = "auto") -> torch.Tensor:
         dim, lengths = self.shards[src]
-        out = C.all_gather(self.comm, x, dim, lengths, method)
-        if src in PARAMS:           # a weight stored sharded: backward gathers it again
-            self.gathered.register(out, lambda: C.gather(self.comm, x.detach(), dim, lengths, C.method_of(method)))
-        return out
+        if src not in PARAMS:
+            return C.all_gather(self.comm, x, dim, lengths, method)
+        # A weight stored sharded: gathered in the precision its readers compute in (LOW_GATHERS),
+        # and gathered again in backward instead of kept (hapc_zero.py).
+        how = C.method_of(method)
+        dtype = getattr(torch, LOW_GATHERS[src]) if src in LOW_GATHERS else x.dtype
+
+        def gather(piece: torch.Tensor) -> torch.Tensor:
+            return C.gather(self.comm, piece.to(dtype), dim, lengths, how)
+
+        out = Z.gather_weight(x, gather, lambda grad: C.scatter_sum(self.comm, grad, dim, lengths, how))
+        return self.gathered.register(out, lambda: gather(x.detach()))
 
     def reduce_scatter(self, x: torch.Tensor, out: str, method: str = "auto") -> torch.Tensor:
         dim, lengths = self.shards[out]

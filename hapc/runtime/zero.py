@@ -244,6 +244,29 @@ class _GatherAgain:
         return whole.as_strided(self.size, self.stride, self.offset)
 
 
+class _GatherWeight(torch.autograd.Function):
+    """A weight's piece gathered whole (maybe cast first); its gradient reduce-scattered back in
+    the piece's own dtype (float32: a low-precision gather does not make a lower-precision sum)."""
+
+    @staticmethod
+    def forward(ctx: Any, piece: torch.Tensor, gather: Callable, scatter: Callable) -> torch.Tensor:
+        ctx.scatter, ctx.dtype = scatter, piece.dtype
+        return gather(piece.detach())
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return ctx.scatter(grad.to(ctx.dtype)), None, None
+
+
+def gather_weight(piece: torch.Tensor, gather: Callable[[torch.Tensor], torch.Tensor],
+                  scatter: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``gather(piece)`` (the whole weight, in the dtype ``gather`` casts to), differentiable:
+    the gradient goes back through ``scatter`` (a reduce-scatter) in the piece's dtype. Cast
+    and gather commute, so a weight that autocast would cast after the gather is cast before it,
+    and half the bytes travel."""
+    return _GatherWeight.apply(piece, gather, scatter)
+
+
 class GatheredWeights:
     """ZeRO-3 as FSDP runs it: a weight stored sharded is gathered whole just before a layer uses
     it and freed once forward is done with it, then gathered again when backward needs it.

@@ -46,18 +46,23 @@ def test_checkpoints_resume_exactly_between_zero_and_data_parallelism(tmp_path):
         assert _losses(then, "--steps", "2", "--load", str(saved)) == straight[2:], first.parent.name
 
 
-def test_weights_stored_sharded_are_gathered_again_in_backward_and_verify(tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_weights_stored_sharded_are_gathered_again_in_backward_and_verify(tmp_path, precision):
     """ZeRO-3 applied to the data-parallel plan (synth.zero.with_sharded_storage): every weight
     gathered just before use, freed after forward, gathered again in backward (saved-tensor
-    hooks): the gradients of one device, with dropout."""
+    hooks): the gradients of one device, with dropout. Under bf16 the weights that only feed
+    bf16 products travel in bf16 (LOW_GATHERS)."""
     from costmodel.simulator import simulate
     from hapc.plan.plan import Plan
     from synth.zero import with_sharded_storage
 
-    roomy = synthesize(GPT, None, _cluster(8), model_kwargs={**SMALL_GPT, "dropout": 0.1})
+    roomy = synthesize(GPT, None, _cluster(8), model_kwargs={**SMALL_GPT, "dropout": 0.1}, precision=precision)
     program = with_sharded_storage(roomy.program)
     plan = Plan(program, roomy.cluster, simulate(program, roomy.cluster), model=roomy.model, precision=roomy.precision)
-    outs = _launch(_emit(plan, tmp_path), [4], "--steps", "3", "--verify")
+    path = _emit(plan, tmp_path)
+    low = "'p_blocks_0_attn_q_weight': 'bfloat16'" in path.read_text()
+    assert low == (precision == "bf16")
+    outs = _launch(path, [4], "--steps", "3", "--verify")
     assert "verify: ok" in outs[0] and "step 3 loss" in outs[0], outs[0][-2000:]
 
 

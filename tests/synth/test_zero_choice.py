@@ -173,3 +173,22 @@ def test_recomputation_with_zero_wins_where_zero_alone_does_not_fit():
     sharded = with_sharded_storage(plan.program)              # ZeRO-3 fits too, but is slower
     assert simulate(sharded, plan.cluster).iteration_seconds > plan.cost
     assert "recomputes its 2 repeated layers in backward" in plan.summary()
+
+
+def test_weights_for_bf16_products_are_gathered_in_bf16_and_reduced_in_float32():
+    from costmodel.transfers import LocalBytes, backward_move, forward_move, low_precision_gather
+
+    plan = synthesize(GPT, None, _cluster(8), model_kwargs=SMALL_GPT, precision="bf16")
+    sharded = with_sharded_storage(plan.program)
+    pieces = LocalBytes(sharded)
+    gathers = {s.src: s for s in sharded.steps if isinstance(s, Redistribute) and s.src in sharded.graph.params}
+    q = gathers["p_blocks_0_attn_q_weight"]
+    assert low_precision_gather(sharded, q) == "bfloat16"
+    whole = pieces(q.src, q.src_layout)
+    assert forward_move(sharded, q, pieces).piece_bytes == pytest.approx([b / 2 for b in whole])
+    assert backward_move(sharded, q, pieces).piece_bytes == pytest.approx(whole)       # float32 gradients
+    # a norm's weight is read by a float32 op, the tied embedding by a lookup: whole precision
+    assert low_precision_gather(sharded, gathers["p_blocks_0_ln1_weight"]) is None
+    assert low_precision_gather(sharded, gathers["p_tok_weight"]) is None
+    assert low_precision_gather(with_sharded_storage(synthesize(GPT, None, _cluster(8), model_kwargs=SMALL_GPT).program),
+                                q) is None
