@@ -35,11 +35,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from costmodel.simulator import factor_synced_params
-from costmodel.transfers import low_precision_gather
 from hapc.codegen import by_block, runtime_facts
 from hapc.ir.blocks import Block, find_blocks
 from hapc.codegen.indexed import literal, render_dict, render_tuple
+from hapc.codegen.sync_tables import grad_sync_order, low_gathers, state_rows
 from hapc.ir.graph import Node, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute, empty_ranks
@@ -220,7 +219,7 @@ def _tables(program: DistProgram, names: _Names, model_name: str, model_kwargs: 
         "",
         "# Replicated trainable parameters, in the order their gradients become ready in",
         "# backward: their gradients are all-reduced in buckets in this order.",
-        render_tuple("GRAD_SYNC_ORDER: tuple[str, ...]", list(_grad_sync_order(program))),
+        render_tuple("GRAD_SYNC_ORDER: tuple[str, ...]", list(grad_sync_order(program))),
         "# ZeRO: of those, the ones whose gradient and optimizer state are kept as rows each rank",
         "# owns (rows of the first dimension per rank); the optimizer steps those rows only.",
         render_dict("STATE_ROWS: dict[str, tuple[int, ...]]", state_rows(program)),
@@ -331,33 +330,6 @@ def _local_calls(program: DistProgram) -> dict:
             shapes = tuple(tuple(program.graph.meta(o).shape) for o in node.outputs)
             out[step.node] = (node.op, ins, outs, shapes)
     return out
-
-
-def low_gathers(program: DistProgram) -> list[tuple[str, str]]:
-    """(weight, dtype) of the gathers of weights stored sharded whose readers are all bf16/fp16
-    products (:func:`costmodel.transfers.low_precision_gather`)."""
-    return [(s.src, low) for s in program.steps if isinstance(s, Redistribute)
-            for low in [low_precision_gather(program, s)] if low is not None]
-
-
-def state_rows(program: DistProgram) -> list[tuple[str, tuple[int, ...]]]:
-    """(parameter, rows each rank owns) of the gradient-synchronised parameters ZeRO shards."""
-    rows = ((p, program.state_rows(p)) for p in _grad_sync_order(program))
-    return [(p, tuple(n)) for p, n in rows if n is not None]
-
-
-def _grad_sync_order(program: DistProgram) -> tuple[str, ...]:
-    graph = program.graph
-    wanted = {p for p in graph.params if graph.values[p].requires_grad
-              and isinstance(program.source_layouts.get(p, Replicate()), Replicate)}
-    wanted -= factor_synced_params(program)     # complete on every rank already
-    first: dict[str, int] = {}
-    for i, step in enumerate(program.steps):
-        for name in (step.inputs if isinstance(step, Compute) else (step.src,)):
-            if name in wanted and name not in first:
-                first[name] = i
-    unused = [p for p in graph.params if p in wanted and p not in first]
-    return tuple(sorted(first, key=lambda p: -first[p])) + tuple(unused)
 
 
 # ---- forward ---------------------------------------------------------------------------------

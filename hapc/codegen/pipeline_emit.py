@@ -45,6 +45,7 @@ from hapc.ir.graph import Graph, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute
 from hapc.codegen import runtime_facts
+from hapc.codegen.sync_tables import grad_sync_order, low_gathers, state_rows
 
 if TYPE_CHECKING:
     from hapc.plan.plan import Plan
@@ -194,7 +195,7 @@ def render_pipeline(plan: Plan, graph: Graph, model_name: str, reduction: str | 
         _globals(plan, graph, model_name, pipe, holders, reduction, count, constants_sha256),
         emitter._precision_tables(plan.precision, plan.cluster),
         "# ZeRO-3: weights gathered for low-precision products only travel in that dtype.",
-        emitter._dict("LOW_GATHERS: dict[str, str]", dict(kv for code in codes for kv in emitter.low_gathers(code.program))),
+        emitter._dict("LOW_GATHERS: dict[str, str]", dict(kv for code in codes for kv in low_gathers(code.program))),
         "",
         "# One table per stage: its group's global ranks, its SPMD tables at micro-batch shapes",
         "# (SHARDS, LOCAL_CALLS, GRAD_SYNC_ORDER as in a one-stage program), the sources it holds,",
@@ -292,7 +293,7 @@ def _stage_table(k: int, code: _StageCode, crossing: list[list[str]], codes: lis
     local_ids = {s.node for s in code.steps if isinstance(s, Compute)}
     local_calls = {n: v for n, v in emitter._local_calls(program).items() if n in local_ids}
     params = [p for p in code.sources if graph.values[p].kind == "param"]
-    sync = tuple(p for p in emitter._grad_sync_order(program) if p in params)
+    sync = tuple(p for p in grad_sync_order(program) if p in params)
     producer = _producers(graph)
 
     def spec(base: str) -> tuple:
@@ -324,7 +325,7 @@ def _stage_table(k: int, code: _StageCode, crossing: list[list[str]], codes: lis
         "local_calls": local_calls,
         "random_batch_dims": {n: d for n, d in draws.items() if n in local_calls},
         "grad_sync_order": sync,
-        "state_rows": {p: rows for p, rows in emitter.state_rows(program) if p in params},
+        "state_rows": {p: rows for p, rows in state_rows(program) if p in params},
     }
     inner = "".join(f"        {key!r}: {value!r},\n" for key, value in fields.items())
     return (f"    # stage {k}: nodes {code.first}..{code.stop - 1} ({first_name} .. {last_name}) "
