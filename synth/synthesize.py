@@ -16,19 +16,19 @@ from dataclasses import dataclass, field
 
 
 from costmodel.cluster import Cluster
+from costmodel.memory import program_memory
 from costmodel.simcache import SimulationCache
 from costmodel.simulator import SimResult, ahead, simulate
 from hapc.ir.graph import Graph
 from hapc.ir.program import DistProgram
+from hapc.process.collector import gc_paused
 from synth.baselines import BASELINES, baseline_programs
 from synth.costs import Prices
-from costmodel.memory import program_memory
-from hapc.process.collector import gc_paused
+from synth.levers import memory_variants, with_recompute
 from synth.loads import share_problem, snapped_to_blocks, with_shares
 from synth.ratios import MemoryInfeasible, missing_text, solve_shares
 from synth.search import SearchResult, search, to_program
 from synth.space import SearchSpace
-from synth.levers import memory_variants, with_recompute
 from synth.zero import shardable, with_sharded_storage, with_state_shares
 
 Progress = Callable[[str], None]

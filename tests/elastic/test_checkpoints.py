@@ -238,9 +238,13 @@ def _one_rank_mlp(tmp_path, monkeypatch):
 
 
 def _clear_rank(monkeypatch) -> None:
-    """What a run of main() leaves set, removed, so the next run starts as the first did."""
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(var, raising=False)
+    """What a run of main() leaves set, removed, so the next run starts as the first did; and
+    removed again after the test (set first, so monkeypatch remembers them as absent): a later
+    test in this process must not find a one-rank launcher's variables (the profiler would
+    then run as a launched rank)."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
 
 
 def test_one_rank_program_saves_resumes_and_exports_single_device_weights(tmp_path, monkeypatch, capsys):
