@@ -25,13 +25,14 @@ class LossOf(nn.Module):
 
 
 def model(layers: int = 8, hidden: int = 1024, heads: int = 16, mlp: int = 2816, seq: int = 1024,
-          vocab: int = 32000, batch: int = 8, use_cache: bool = False) -> nn.Module:
+          vocab: int = 32000, batch: int = 8, use_cache: bool = False, kv_heads: int | None = None) -> nn.Module:
     """``use_cache`` off: training never reads the generation cache, and with it on every layer
-    files its keys and values under its own index, so hapc must trace all layers instead of one."""
+    files its keys and values under its own index, so hapc must trace all layers instead of one.
+    ``kv_heads`` below ``heads`` is grouped-query attention (Llama-2 70B: 64 heads, 8 KV heads)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                         num_key_value_heads=heads, intermediate_size=mlp, max_position_embeddings=seq,
+                         num_key_value_heads=kv_heads or heads, intermediate_size=mlp, max_position_embeddings=seq,
                          vocab_size=vocab, bos_token_id=0, eos_token_id=vocab - 1, pad_token_id=None,
                          loss_type="ForCausalLM", use_cache=use_cache)
     config._attn_implementation = "sdpa"
