@@ -46,7 +46,3 @@ def saved_inputs(program: DistProgram, call: Call) -> list[str]:
     return [name for name in call.inputs
             if values[name.split("@", 1)[0]].kind not in ("param", "buffer", "constant")]
 
-
-def can_recompute(program: DistProgram) -> bool:
-    """Whether ``program`` has repeated blocks to recompute."""
-    return bool(find_blocks(program))

@@ -20,6 +20,7 @@ from costmodel.cluster import Cluster
 from hapc.ir.graph import Graph
 from hapc.ir.layout import Layout, Replicate, Shard
 from hapc.ir.program import DistProgram
+from hapc.ir.shards import storage_dim
 from synth.builder import greedy_score, propagate
 from synth.costs import Prices
 from synth.loads import with_shares
@@ -40,12 +41,6 @@ def _batch_sharded(graph: Graph, world: int) -> dict[str, Layout]:
             if graph.meta(name).shape and graph.meta(name).shape[0] >= max(2, world)}
 
 
-def _largest_dim(graph: Graph, name: str) -> int | None:
-    shape = graph.meta(name).shape
-    dims = [d for d, n in enumerate(shape) if n > 1]
-    return max(dims, key=lambda d: (shape[d], -d)) if dims else None
-
-
 def baseline_program(name: str, graph: Graph, cluster: Cluster) -> DistProgram:
     world = cluster.world
     if name in ("dp-even", "dp-flops"):
@@ -55,7 +50,7 @@ def baseline_program(name: str, graph: Graph, cluster: Cluster) -> DistProgram:
     if name == "zero3":
         layouts: dict[str, Layout] = dict(_batch_sharded(graph, world))
         for p in graph.params:
-            d = _largest_dim(graph, p)
+            d = storage_dim(graph.meta(p).shape)
             if d is not None and graph.values[p].requires_grad and graph.meta(p).shape[d] >= world:
                 layouts[p] = Shard(d)
         return propagate(graph, even_shares(world), layouts, score=_gather_params_score,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
-from costmodel.recompute import can_recompute
+from costmodel.recompute import recomputed_calls
 from hapc.ir.program import DistProgram
 from synth.zero import Totals, with_fitted_states, with_sharded_storage
 
@@ -28,9 +28,10 @@ from synth.zero import Totals, with_fitted_states, with_sharded_storage
 def with_recompute(program: DistProgram) -> DistProgram | None:
     """``program`` recomputing every call of its repeated blocks in backward; None when it has
     no repeated block (or recomputes already)."""
-    if program.recompute or not can_recompute(program):
+    if program.recompute:
         return None
-    return replace(program, steps=list(program.steps), recompute=True, _pieces=None)
+    recomputing = replace(program, steps=list(program.steps), recompute=True, _pieces=None)
+    return recomputing if recomputed_calls(recomputing) else None     # found once, remembered
 
 
 def without_recompute(program: DistProgram) -> DistProgram:

@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Callable
 
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.shards import storage_dim
 from synth.space import FREE, PARAM, NodeSpace, SearchSpace, layout_order
 
 State = tuple  # layout bitmasks, one per activation live at that point (see MoveTables._live)
@@ -111,9 +112,8 @@ class MoveTables:
             move = self.prices.move(v.meta, v.requires_grad, Replicate(), want).seconds
             options.append((sync + move, Replicate()))
         if not isinstance(want, Shard):          # ZeRO-3: stored sharded, gathered for use
-            dims = [d for d, n in enumerate(v.meta.shape) if n > 1]
-            if dims:
-                d = max(dims, key=lambda k: (v.meta.shape[k], -k))
+            d = storage_dim(v.meta.shape)
+            if d is not None:
                 gather = self.prices.move(v.meta, v.requires_grad, Shard(d), Replicate()).seconds
                 # and gathered again for backward, not kept (costmodel.transfers.regathered)
                 gather += self.prices.move(v.meta, False, Shard(d), Replicate()).seconds

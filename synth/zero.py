@@ -26,10 +26,12 @@ state is sharded (:mod:`costmodel.pipeline`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from costmodel.memory import zero_buffer_bytes
 from hapc.ir.layout import Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute
+from hapc.ir.shards import storage_dim
 
 # What the rounding of shares to whole rows may add to a device, as a fraction of its state
 # bytes: a rank gets at most one row more than its share of a parameter, and parameters worth
@@ -51,8 +53,7 @@ def shardable(program: DistProgram) -> bool:
 def with_state_shares(program: DistProgram, state_shares: Sequence[float] | None) -> DistProgram:
     """``program`` with its replicated parameters' state sharded at ``state_shares`` (None: not)."""
     shares = None if state_shares is None else tuple(float(z) for z in state_shares)
-    return DistProgram(program.graph, program.shares, dict(program.source_layouts), list(program.steps),
-                       shares, program.recompute, _blocks=program.blocks())
+    return replace(program, steps=list(program.steps), state_shares=shares, _blocks=program.blocks(), _pieces=None)
 
 
 def fitted_state_shares(base: Sequence[float], state: Sequence[float],
@@ -110,9 +111,9 @@ def with_sharded_storage(program: DistProgram) -> DistProgram | None:
         if not graph.values[p].requires_grad or p in moved or \
                 not isinstance(program.source_layouts.get(p, Replicate()), Replicate):
             continue
-        wide = [d for d, n in enumerate(shape) if n >= max(2, program.world)]
-        if wide:
-            dims[p] = max(wide, key=lambda d: (shape[d], -d))
+        d = storage_dim(shape)
+        if d is not None and shape[d] >= program.world:
+            dims[p] = d
     if not dims:
         return None
     steps: list = []

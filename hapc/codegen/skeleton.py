@@ -338,7 +338,7 @@ class Trainer:
             leaf = self.sources[name]
             g = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
             if name in STATE_ROWS:
-                g = self.zero.whole_grad(leaf)
+                g = C.gather(self.comm, self.zero.owned_grad(leaf), 0, STATE_ROWS[name])
             elif name in SHARDS:
                 dim, lengths = SHARDS[name]
                 g = C.gather(self.comm, g, dim, lengths)

@@ -14,6 +14,13 @@ from collections.abc import Sequence
 from math import floor
 
 
+def storage_dim(shape: Sequence[int]) -> int | None:
+    """The dimension a weight stored sharded is cut along (ZeRO-3): its longest, the first of
+    equals; None when no dimension is longer than 1."""
+    dims = [d for d, n in enumerate(shape) if n > 1]
+    return max(dims, key=lambda d: (shape[d], -d)) if dims else None
+
+
 def largest_remainder(total: int, shares: Sequence[float]) -> list[int]:
     """Split ``total`` units in proportion to ``shares``; every rank with a positive share
     gets at least one unit when there are enough units to go round.

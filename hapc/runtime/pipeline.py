@@ -368,7 +368,7 @@ class PipelineTrainer:
         """This stage's whole gradient of ``name`` (gathered when sharded; every member joins)."""
         leaf = self.sources[name]
         if name in self.stage["state_rows"]:
-            return self.zero.whole_grad(leaf)
+            return self.P.C.gather(self.comm, self.zero.owned_grad(leaf), 0, self.stage["state_rows"][name])
         g = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
         if name in self.stage["shards"]:
             dim, lengths = self.stage["shards"][name]

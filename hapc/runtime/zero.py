@@ -166,13 +166,11 @@ class StateShards:
         self._done = 0
         self._ready = [0] * len(self.buckets)
 
-    def whole_grad(self, leaf: torch.Tensor) -> torch.Tensor:
-        """``leaf``'s whole gradient, gathered from its owners (collective: every rank calls it,
-        for the same leaves in the same order; for checks, not for training)."""
-        i = self._index[id(leaf)]
-        shard = self.shards[i]
-        g = shard.grad if shard.grad is not None else torch.zeros_like(shard)
-        return self._gather_rows(i, g)
+    def owned_grad(self, leaf: torch.Tensor) -> torch.Tensor:
+        """The gradient of ``leaf``'s owned rows (zeros before any backward): gathering every
+        rank's (an uneven all-gather of dim 0) gives the whole gradient, for checks."""
+        shard = self.shards[self._index[id(leaf)]]
+        return shard.grad if shard.grad is not None else torch.zeros_like(shard)
 
     # ---- parameters ---------------------------------------------------------------------------
     def share_updates(self) -> None:
@@ -204,17 +202,6 @@ class StateShards:
         for i in bucket.members:
             p = self.params[i]
             p.detach().copy_(torch.cat(rows_of[i]).view_as(p))
-
-    def _gather_rows(self, i: int, rows: torch.Tensor) -> torch.Tensor:
-        """Parameter ``i``'s rows from every rank, in order (padded equal all-gather)."""
-        m = max(self.lengths[i]) * self.row_numel[i]
-        flat = rows.reshape(-1)
-        if flat.numel() < m:
-            flat = torch.cat([flat, flat.new_zeros(m - flat.numel())])
-        every = flat.new_empty(self.comm.world * m)
-        _all_gather_equal(every, flat.contiguous(), group=self.comm.group)
-        pieces = [every[r * m:r * m + n * self.row_numel[i]] for r, n in enumerate(self.lengths[i])]
-        return torch.cat(pieces).view_as(self.params[i])
 
 
 # ---- ZeRO-3: a weight gathered for use is not kept for backward ----------------------------------
