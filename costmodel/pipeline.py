@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -97,6 +97,11 @@ class ProgramProfile:
     param_uses: dict[str, list[int]]
     param_static_bytes: dict[str, np.ndarray]
     param_grad_bytes: dict[str, float]
+    # Recomputed layer calls (costmodel.recompute): each call's first node and, per rank, the
+    # activations it holds while backward reruns it, one micro-batch's. A stage holds its
+    # largest call's once, whatever the micro-batches in flight (one call reruns at a time).
+    call_nodes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    call_bytes: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
 
     def range_seconds(self, first: int, stop: int) -> tuple[float, float]:
         """(forward, backward) seconds of one micro-batch through nodes ``[first, stop)``:
@@ -276,6 +281,8 @@ class ProgramPricer:
                 # autocast's low-precision copies of float32 weights: one per micro-batch in flight
                 for param, lay in cast_weights(program, node, step, cast):
                     charge(k, i, False, [0.5 * b for b in local_bytes(program, param, lay)])
+        self.call_nodes, self.call_act, self.call_fixed = np.zeros(0, dtype=np.int64), np.zeros((0, world)), \
+            np.zeros((0, world))
         if call_rows:
             self._charge_recomputed(program, calls, call_rows, act_rows, fixed_rows, index, batch)
         self.act, self.act_fixed = per_node(act_rows), per_node(fixed_rows)
@@ -321,12 +328,11 @@ class ProgramPricer:
         if n:
             self.static[0] += zero_buffer_bytes(program)     # ZeRO's buckets in flight, if any
 
-    @staticmethod
-    def _charge_recomputed(program: DistProgram, calls: dict, call_rows: dict, act_rows: dict, fixed_rows: dict,
-                           index: dict[str, int], batch: set[str]) -> None:
-        """Recomputed calls keep their inputs (charged to each call's first node) and, while
-        backward reruns one, that call's activations: the largest call's, charged to the first
-        call's first node (right for a stage holding all the calls, as accumulation's does)."""
+    def _charge_recomputed(self, program: DistProgram, calls: dict, call_rows: dict, act_rows: dict,
+                           fixed_rows: dict, index: dict[str, int], batch: set[str]) -> None:
+        """Recomputed calls keep their inputs (charged to each call's first node, per micro-batch
+        in flight) and, while backward reruns one, that call's activations: kept apart per call
+        (``call_nodes``, ``call_act``, ``call_fixed``), for a stage to hold its largest once."""
         layouts = program.layouts()
         first_node = {}
         for k, call in calls.items():
@@ -339,12 +345,16 @@ class ProgramPricer:
                 i = first_node[call.start]
                 piece = list(local_bytes(program, name, layouts[name]))
                 rows[i] = [a + b for a, b in zip(rows[i], piece)] if i in rows else piece
-        at = first_node[min(first_node)]
-        for scaled, rows in ((True, act_rows), (False, fixed_rows)):
-            held = [np.sum(list(per.values()), axis=0) for (start, s), per in call_rows.items() if s == scaled]
-            if held:
-                peak = list(np.max(held, axis=0))
-                rows[at] = [a + b for a, b in zip(rows[at], peak)] if at in rows else peak
+        starts = sorted(first_node)
+        zero = [0.0] * self.world
+
+        def held(start: int, scaled: bool) -> list[float]:
+            per = call_rows.get((start, scaled))
+            return list(np.sum(list(per.values()), axis=0)) if per else zero
+
+        self.call_nodes = np.array([first_node[s] for s in starts], dtype=np.int64)
+        self.call_act = np.array([held(s, True) for s in starts], dtype=float).reshape(len(starts), self.world)
+        self.call_fixed = np.array([held(s, False) for s in starts], dtype=float).reshape(len(starts), self.world)
 
     def profile(self, microbatches: int) -> ProgramProfile:
         m = max(1, int(microbatches))
@@ -369,7 +379,8 @@ class ProgramPricer:
 
         return ProgramProfile(self.cluster, m, prefix(fwd_c), prefix(bwd_c), prefix(comm[:, 0]), prefix(comm[:, 1]),
                               prefix(self.grad), prefix(self.opt), prefix(self.static), prefix(act),
-                              self.first_use, self.param_uses, self.param_static, self.param_grad)
+                              self.first_use, self.param_uses, self.param_static, self.param_grad,
+                              self.call_nodes, self.call_act / m + self.call_fixed)
 
 
 def boundary_bytes(graph: Graph) -> tuple[np.ndarray, np.ndarray]:

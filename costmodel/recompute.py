@@ -16,21 +16,25 @@ from __future__ import annotations
 from hapc.ir.blocks import Call, find_blocks
 from hapc.ir.program import DistProgram
 
-_RECENT: dict[int, tuple[DistProgram, int, list[Call]]] = {}
+_RECENT: dict[tuple, tuple[object, list[Call]]] = {}
 
 
 def recomputed_calls(program: DistProgram) -> list[Call]:
     """The block calls ``program`` recomputes in backward, in program order (none unless
-    ``program.recompute``); found once per program and step count."""
+    ``program.recompute``). Found once per graph, steps, shares and source layouts (what the
+    blocks depend on): the levers and the share LP price many copies of one program that differ
+    only in their ZeRO rows or shares, and finding blocks is a tenth of a second on an LLM."""
     if not program.recompute:
         return []
-    hit = _RECENT.get(id(program))
-    if hit is not None and hit[0] is program and hit[1] == len(program.steps):
-        return hit[2]
+    key = (id(program.graph), tuple(map(id, program.steps)), program.shares,
+           tuple(sorted(program.source_layouts.items())))
+    hit = _RECENT.get(key)
+    if hit is not None:
+        return hit[1]
     calls = sorted((c for block in find_blocks(program) for c in block.calls), key=lambda c: c.start)
-    if len(_RECENT) > 8:
+    if len(_RECENT) > 16:
         _RECENT.clear()
-    _RECENT[id(program)] = (program, len(program.steps), calls)
+    _RECENT[key] = ((program.graph, tuple(program.steps)), calls)     # held: their ids stay theirs
     return calls
 
 

@@ -126,7 +126,7 @@ def _synthesize(traced: Traced, cluster: str | Mapping[str, Any] | Cluster, from
     pipeline = None
     if staged:
         one_stage = best.seconds if best.fits else float("inf")
-        pipeline = _pipeline(planner, stages, microbatches, schedule, baselines, one_stage)
+        pipeline = _pipeline(planner, stages, microbatches, schedule, baselines, one_stage, _memory_binds(result))
         if pipeline is not None and stages == "auto" and pipeline.iteration_seconds >= one_stage:
             pipeline = None        # one stage over all devices is still the fastest
     levers = ["sharding", "uneven shares", "ZeRO-1/2/3", "activation recomputation"] + \
@@ -196,11 +196,13 @@ def _stage_planner(graph, cluster: Cluster, optimizer: str, progress) -> Any:
 
 
 def _pipeline(planner, stages: int | str, microbatches: int | None, schedule: str | None,
-              baselines: dict[str, float], one_stage_seconds: float) -> Any:
+              baselines: dict[str, float], one_stage_seconds: float, memory_binds: bool) -> Any:
     """The best pipeline (None if none fits or, with ``stages="auto"``, none beats the best
-    one-stage plan and the pipeline-even baseline) and, as a side effect, that baseline."""
+    one-stage plan and the pipeline-even baseline) and, as a side effect, that baseline. Where
+    memory binds, stages that recompute their layers are planned too
+    (:class:`synth.stages.LeverPlanner`, :func:`_stage_levers`)."""
     from hapc.errors import UserError
-    from synth.stages import best_sub_cluster, pipeline_even
+    from synth.stages import LeverPlanner, best_sub_cluster, pipeline_even
 
     even = pipeline_even(planner)
     if even is not None:
@@ -211,6 +213,16 @@ def _pipeline(planner, stages: int | str, microbatches: int | None, schedule: st
     incumbent = None if forced is not None else min(
         one_stage_seconds, even.iteration_seconds if even is not None else float("inf"))
     pipe = planner.plan(stages=forced, microbatches=microbatches, schedule=schedule, incumbent_seconds=incumbent)
+    if memory_binds:             # stages that recompute their layers, and store their weights sharded
+        for name, lever in _stage_levers():
+            bound = min([s for s in (incumbent, pipe.iteration_seconds if pipe is not None else None) if s is not None],
+                        default=None)
+            levered = LeverPlanner(planner, lever).plan(stages=forced, microbatches=microbatches, schedule=schedule,
+                                                        incumbent_seconds=bound)
+            planner.say(f"pipeline: stages with {name}: " + (
+                "none faster" if levered is None else f"{levered.iteration_seconds * 1e3:.3f} ms/iter"))
+            if levered is not None and (pipe is None or levered.iteration_seconds < pipe.iteration_seconds):
+                pipe = levered
     unforced = forced is None and microbatches is None and schedule is None
     if even is not None and unforced and (pipe is None or even.iteration_seconds < pipe.iteration_seconds):
         pipe = even            # never worse than the pipeline-even baseline
@@ -222,6 +234,19 @@ def _pipeline(planner, stages: int | str, microbatches: int | None, schedule: st
     if pipe is None and forced is not None:
         raise UserError(f"--stages {forced}: no {forced}-stage pipeline fits in memory on this cluster")
     return pipe
+
+
+def _stage_levers() -> list[tuple[str, Callable[[Any], Any]]]:
+    """The memory levers a pipeline's stages are planned with where memory binds, each a pass
+    of the stage search: layers recomputed, then also weights stored sharded (ZeRO-3 inside
+    each stage's group, gathered for each micro-batch)."""
+    from synth.levers import with_recompute
+    from synth.zero import with_sharded_storage
+
+    def both(program: Any) -> Any:
+        return with_sharded_storage(with_recompute(program) or program)
+
+    return [("recomputed layers", with_recompute), ("recomputed layers and weights stored sharded", both)]
 
 
 def _memory_binds(result: Any) -> bool:
@@ -246,7 +271,8 @@ def _accumulated(planner, graph, cluster: Cluster, optimizer: str, progress, pro
         planner = StagePlanner(graph, cluster, optimizer=optimizer, progress=progress)
     if progress is not None:
         progress("gradient accumulation: pricing micro-batches over all devices")
-    accumulated = accumulation(planner, microbatches, programs=[program])
+    accumulated = accumulation(planner, microbatches, programs=[program],
+                               incumbent_seconds=None if pipeline is None else pipeline.iteration_seconds)
     if accumulated is None and microbatches is not None and microbatches > 1 and pipeline is None:
         raise UserError(f"--microbatches {microbatches}: gradient accumulation over {microbatches} micro-batches "
                         f"of {planner.batch // microbatches} samples does not fit in memory on this cluster")

@@ -11,6 +11,7 @@ per sample, the share LP may give fast devices back the work memory had moved of
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -18,92 +19,150 @@ from dataclasses import replace
 from hapc.ir.program import DistProgram
 from synth.loads import snapped_to_blocks, with_shares
 from synth.stages import Pipeline, StagePlanner
-from synth.levers import without_recompute
+from synth.stagespace import Group
+from synth.levers import with_recompute, without_recompute
 from synth.zero import with_fitted_states, with_sharded_storage
 
 
 def accumulation(planner: StagePlanner, microbatches: int | None = None,
-                 programs: Sequence[DistProgram] = ()) -> Pipeline | None:
+                 programs: Sequence[DistProgram] = (), ranks: Sequence[int] | None = None,
+                 incumbent_seconds: float | None = None) -> Pipeline | None:
     """Gradient accumulation: one stage over all devices that runs the batch as ``m`` equal
     micro-batches, summing their gradients and synchronising them once (a pipeline of one
     stage, so the same runtime, loss weighting and verification). It holds one micro-batch's
     activations instead of the batch's, for ``m`` times the per-step overheads.
 
     The fastest that fits over ``m`` (``microbatches`` forces one) and over the group programs:
-    the planner's own (searched without memory limits), ``programs`` (the one-stage search's
-    best, searched with them, which may store more of the model sharded), each of those with
-    its replicated weights stored sharded (ZeRO-3, :func:`synth.zero.with_sharded_storage`),
-    and on a mixed cluster each of them at the shares the share LP gives it under the
-    micro-batch's memory. Counts are
-    tried from the fewest micro-batches up, until one is no faster than the fewer before it:
-    each doubling halves the activations held (so the LP may give fast devices more) for more
-    per-step overheads. A try that does not fit is tried again with its optimizer state sharded
-    over the ranks (ZeRO-1, :mod:`synth.zero`). None when none fits or the model's samples are
-    coupled (:mod:`synth.microbatching`)."""
-    whole = planner.group(range(planner.cluster.world))
+    the planner's own (searched without memory limits) and ``programs`` (the one-stage search's
+    best, searched with them, which may store more of the model sharded). A program that does
+    not fit as it is is tried with the memory levers, cheapest first: its layers recomputed in
+    backward (:func:`synth.levers.with_recompute`) or its replicated weights stored sharded
+    (ZeRO-3, :func:`synth.zero.with_sharded_storage`), then both; a lever costs time at the same
+    shares, so one is tried only where the program without it does not fit. Each try runs at the
+    program's shares and, on a mixed cluster, at those the share LP gives it under the
+    micro-batch's memory, and one that does not fit is tried again with its optimizer state
+    sharded over the ranks (ZeRO-1, :mod:`synth.zero`). Counts are tried from the fewest
+    micro-batches up, until one is no faster than the fewer before it: each doubling halves the
+    activations held (so the LP may give fast devices more) for more per-step overheads. None
+    when none fits or the model's samples are coupled (:mod:`synth.microbatching`).
+    ``ranks``: the devices it runs on (default all; a node alone,
+    :func:`synth.stages.best_sub_cluster`), ``programs`` then over those.
+
+    ``incumbent_seconds`` (the best plan found otherwise) prunes: a program is not fitted (the
+    share LP, ZeRO's rows: a dozen pricings) where it is no faster than that even before its
+    memory is fitted, at its own shares and at the fastest program's, whose shares the LP gives
+    without memory limits; and the counts stop where no program was worth fitting (each
+    doubling adds per-step overheads)."""
+    ranks = tuple(range(planner.cluster.world) if ranks is None else ranks)
+    whole = planner.group(ranks)
     if microbatches is not None:
         counts = [microbatches]
     else:
         counts = [m for m in planner.microbatch_counts([whole]) if m > 1]
     if not counts:
         return None
-    # A pipeline's stage forwards are written inline (no block functions), so none recomputes.
-    candidates = [planner.group_program(whole), *(without_recompute(p) for p in programs)]
-    candidates += [p for p in map(with_sharded_storage, candidates) if p is not None]     # ZeRO-3
+    prices = _Prices(planner, ranks)
+    fastest = planner.group_program(whole)
+    levels = []
+    for program in (fastest, *(without_recompute(p) for p in programs)):
+        recomputed, sharded = with_recompute(program), with_sharded_storage(program)
+        both = with_sharded_storage(recomputed) if recomputed is not None else None
+        levels.append([[program], [p for p in (recomputed, sharded) if p is not None], [p for p in (both,) if p]])
     best: Pipeline | None = None
     for m in counts:
-        before = best
-        for program in candidates:
-            pipe = _one_stage(planner, program, m, require_fit=False)
-            tries = [pipe]
-            if not planner.cluster.is_homogeneous:
-                rebalanced = _rebalanced(planner, program, m, pipe)
-                if rebalanced is not None:      # and without slivers of a block (synth.loads)
-                    snapped = with_shares(rebalanced, snapped_to_blocks(rebalanced, rebalanced.shares))
-                    tries += [_one_stage(planner, rebalanced, m), _one_stage(planner, snapped, m)]
-            for pipe in tries:
-                if pipe is not None and not pipe.fits_in(planner.cluster):
-                    pipe = _with_zero(planner, pipe, m)
-                if pipe is not None and pipe.fits_in(planner.cluster) and \
-                        (best is None or pipe.iteration_seconds < best.iteration_seconds):
-                    best = pipe
-        if before is not None and best is before:
+        before, worth = best, False
+        bound = min(s for s in (incumbent_seconds, best.iteration_seconds if best else None, math.inf)
+                    if s is not None)
+        for program_levels in levels:
+            for level in program_levels:
+                level = [p for p in level if _floor(prices, p, fastest.shares, m) < bound]
+                worth = worth or bool(level)
+                fitted = [pipe for program in level for pipe in _fitting(prices, program, m, whole)]
+                for pipe in fitted:
+                    if best is None or pipe.iteration_seconds < best.iteration_seconds:
+                        best = pipe
+                if fitted:
+                    break           # the next levers cost more time at the same shares
+        if (before is not None and best is before) or not worth:
             break          # more micro-batches freed no memory worth their overheads
     return best
 
 
-def _with_zero(planner: StagePlanner, pipe: Pipeline, m: int) -> Pipeline | None:
+def _floor(prices: _Prices, program: DistProgram, fastest: tuple[float, ...], m: int) -> float:
+    """What ``program`` costs with ``m`` micro-batches before its memory is fitted, at its own
+    shares or the fastest program's, whichever is less: fitting it (ZeRO's rows, the share LP
+    under memory) only adds time to that."""
+    own = prices.one_stage(program, m, require_fit=False).iteration_seconds
+    if tuple(program.shares) == tuple(fastest):
+        return own
+    return min(own, prices.one_stage(with_shares(program, fastest), m, require_fit=False).iteration_seconds)
+
+
+def _fitting(prices: _Prices, program: DistProgram, m: int, group: Group) -> list[Pipeline]:
+    """``program`` as one stage of ``m`` micro-batches at its shares and, on a mixed group, at
+    the share LP's (and those without slivers of a block, :mod:`synth.loads`), each with ZeRO-1
+    rows where it does not fit: those that fit."""
+    pipe = prices.one_stage(program, m, require_fit=False)
+    tries = [pipe]
+    if not group.cluster.is_homogeneous:
+        rebalanced = _rebalanced(prices, program, m, pipe)
+        if rebalanced is not None:
+            snapped = with_shares(rebalanced, snapped_to_blocks(rebalanced, rebalanced.shares))
+            tries += [prices.one_stage(rebalanced, m), prices.one_stage(snapped, m)]
+    out = []
+    for pipe in tries:
+        if pipe is not None and not pipe.fits_in(prices.planner.cluster):
+            pipe = _with_zero(prices, pipe, m)
+        if pipe is not None and pipe.fits_in(prices.planner.cluster):
+            out.append(pipe)
+    return out
+
+
+class _Prices:
+    """One-stage pricings of programs over ``ranks``, each program's pricer built once for every
+    micro-batch count (:class:`costmodel.pipeline.ProgramPricer` takes a program apart once)."""
+
+    def __init__(self, planner: StagePlanner, ranks: tuple[int, ...]) -> None:
+        self.planner, self.ranks = planner, ranks
+        self._solo: dict[int, tuple[DistProgram, StagePlanner]] = {}
+
+    def one_stage(self, program: DistProgram, m: int, require_fit: bool = True) -> Pipeline | None:
+        """``program`` over the ranks as one stage of ``m`` micro-batches, priced."""
+        held = self._solo.get(id(program))
+        if held is None or held[0] is not program:
+            planner = self.planner
+            solo = StagePlanner(planner.graph, planner.cluster, optimizer=planner.optimizer, like=planner,
+                                group_synthesizer=lambda graph, group: program)
+            held = self._solo[id(program)] = (program, solo)
+        solo = held[1]
+        return solo._price([(solo.group(self.ranks), 0, len(solo.cuts) - 1)], m, "1f1b", require_fit=require_fit)
+
+    def memory(self, program: DistProgram, m: int) -> Sequence[float]:
+        """Each rank's predicted peak bytes under ``program`` with ``m`` micro-batches."""
+        return self.one_stage(program, m, require_fit=False).cost.stage_memory_bytes[0]
+
+
+def _with_zero(prices: _Prices, pipe: Pipeline, m: int) -> Pipeline | None:
     """``pipe`` with its optimizer state sharded over the ranks as much as makes it fit (ZeRO-1:
     the gradients accumulate whole over the micro-batches, :mod:`synth.zero`); None when no
     state shares fit."""
-    program = with_fitted_states(pipe.stages[0].program, planner.cluster.memory_bytes(),
-                                 lambda other: _one_stage(planner, other, m, require_fit=False).cost.stage_memory_bytes[0])
-    return None if program is None else _one_stage(planner, program, m)
+    capacity = [prices.planner.cluster.devices[r].memory_bytes for r in prices.ranks]
+    program = with_fitted_states(pipe.stages[0].program, capacity, lambda other: prices.memory(other, m))
+    return None if program is None else prices.one_stage(program, m)
 
 
-def _one_stage(planner: StagePlanner, program: DistProgram, m: int, require_fit: bool = True) -> Pipeline | None:
-    """``program`` over all devices as one stage of ``m`` micro-batches, priced."""
-    solo = StagePlanner(planner.graph, planner.cluster, optimizer=planner.optimizer, like=planner,
-                        group_synthesizer=lambda graph, group: program)
-    return solo._price([(solo.group(range(planner.cluster.world)), 0, len(solo.cuts) - 1)], m, "1f1b",
-                       require_fit=require_fit)
-
-
-def _rebalanced(planner: StagePlanner, program: DistProgram, m: int, priced: Pipeline) -> DistProgram | None:
+def _rebalanced(prices: _Prices, program: DistProgram, m: int, priced: Pipeline) -> DistProgram | None:
     """``program`` at the shares the share LP finds for it with the memory of ``m``
     micro-batches (affine in the shares, from two pricings); None when no shares fit."""
     from costmodel.simulator import simulate
     from synth.loads import MemoryInfeasible, device_loads, memory_coefficients
     from synth.ratios import solve_shares
 
-    cluster = planner.cluster
-
-    def totals_of(other: DistProgram) -> Sequence[float]:
-        return _one_stage(planner, other, m, require_fit=False).cost.stage_memory_bytes[0]
-
+    planner = prices.planner
+    cluster = planner.group(prices.ranks).cluster
     loads = device_loads(program, simulate(program, cluster, optimizer=planner.optimizer), cluster,
                          planner.optimizer)
-    mem, fixed = memory_coefficients(program, priced.cost.stage_memory_bytes[0], totals_of)
+    mem, fixed = memory_coefficients(program, priced.cost.stage_memory_bytes[0], lambda other: prices.memory(other, m))
     try:
         solution = solve_shares(replace(loads, m=mem, c=fixed).problem())
     except MemoryInfeasible:

@@ -57,6 +57,7 @@ def cut_pair_terms(prof: ProgramProfile, cuts: np.ndarray, n_nodes: int, group: 
         static = static + holds[None, :, :] * prof.param_static_bytes[p][:, None, None]
         if p in prof.param_grad_bytes:
             shared_tail += holds * send_seconds(cluster.network or group.group_link(), prof.param_grad_bytes[p])
+    static = static + largest_call(prof, cuts)
     sync = all_reduce_seconds(group, grad)
     exposed = sync - np.minimum(sync, bwd) * cluster.comm_overlap
     cap = np.array([d.memory_bytes for d in group.devices], dtype=float)[:, None, None]
@@ -68,6 +69,25 @@ def cut_pair_terms(prof: ProgramProfile, cuts: np.ndarray, n_nodes: int, group: 
     return {"fwd": fwd, "bwd": bwd, "step": np.where(upper, fwd + bwd, np.inf), "tail": opt + shared_tail,
             "sync": sync, "exposed": exposed, "inflight_max": np.where(upper, inflight_max, -1.0),
             "static": np.moveaxis(static, 0, 2), "act": np.moveaxis(act, 0, 2)}     # [i, j, rank]
+
+
+def largest_call(prof: ProgramProfile, cuts: np.ndarray) -> np.ndarray | float:
+    """Per rank and cut pair ``[rank, i, j]``, the activations of the largest recomputed call
+    that starts in ``[cuts[i], cuts[j])``: what a stage holds once while backward reruns its
+    calls one at a time (:mod:`costmodel.recompute`); 0 without recomputation."""
+    if not len(prof.call_nodes):
+        return 0.0
+    c, world = len(cuts), prof.call_bytes.shape[1]
+    out = np.zeros((world, c, c))
+    first = np.searchsorted(prof.call_nodes, cuts, side="left")     # the first call at or after each cut
+    for i in range(c):
+        if first[i] >= len(prof.call_nodes):
+            continue
+        running = np.maximum.accumulate(prof.call_bytes[first[i]:], axis=0)     # [calls from i on, rank]
+        upto = first - first[i]               # calls from i on that start before cut j
+        has = upto > 0
+        out[:, i, has] = running[upto[has] - 1].T
+    return out
 
 
 def bound_pair_terms(prof, cuts: np.ndarray) -> dict[str, np.ndarray]:

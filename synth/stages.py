@@ -487,7 +487,11 @@ def best_sub_cluster(planner: StagePlanner) -> Pipeline | None:
     alike consecutive nodes, the other devices idle; None for a one-node cluster or when none
     fits. Slow devices behind a slow network can cost more than they give: no plan over more
     devices should be slower than leaving them out, and neither the one-stage search over all
-    devices nor a pipeline across nodes (which gives every stage work) can leave a node idle."""
+    devices nor a pipeline across nodes (which gives every stage work) can leave a node idle.
+    Where the batch does not fit the part in one go, the part accumulates gradients over
+    micro-batches (:func:`synth.accumulation.accumulation`)."""
+    from synth.accumulation import accumulation
+
     nodes = planner.cluster.nodes
     if len(nodes) < 2:
         return None
@@ -504,10 +508,33 @@ def best_sub_cluster(planner: StagePlanner) -> Pipeline | None:
             if not (a == 0 and b == len(nodes)):         # all devices: the one-stage plan itself
                 group = planner.group(range(firsts[a], firsts[b]))
                 pipe = planner._price([(group, 0, len(planner.cuts) - 1)], 1, "1f1b")     # None: does not fit
+                if pipe is None:
+                    pipe = accumulation(planner, ranks=group.ranks,
+                                        incumbent_seconds=None if best is None else best.iteration_seconds)
                 if pipe is not None and (best is None or pipe.iteration_seconds < best.iteration_seconds):
                     best = pipe
             b += 1
     return best
+
+
+class LeverPlanner(StagePlanner):
+    """The stage planner over ``base``'s group programs with a memory lever applied to each
+    (``lever``, from :mod:`synth.levers`: layers recomputed in backward, weights stored sharded):
+    planned as another pass where memory binds, so that pipelines of big models may hold more
+    micro-batches, or fit at all. The group programs are ``base``'s, not searched again; a
+    program the lever does not apply to stays as it is."""
+
+    def __init__(self, base: StagePlanner, lever: Callable[[DistProgram], DistProgram | None]) -> None:
+        super().__init__(base.graph, base.cluster, optimizer=base.optimizer, like=base,
+                         group_synthesizer=lambda graph, group: base._synthesize_group(graph, group))
+        self.base, self.lever = base, lever
+        self._shared = (None, [])           # no group jobs of its own: base has the programs
+
+    def group_program(self, group: Group) -> DistProgram:
+        if group.key not in self._programs:
+            program = self.base.group_program(group)
+            self._programs[group.key] = self.lever(program) or program
+        return self._programs[group.key]
 
 
 def pipeline_even(planner: StagePlanner) -> Pipeline | None:

@@ -45,6 +45,7 @@ from hapc.ir.graph import Graph, Ref
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute
 from hapc.codegen import runtime_facts
+from hapc.codegen.recompute_segments import recomputed_segments, render_segment
 from hapc.codegen.sync_tables import grad_sync_order, low_gathers, state_rows
 
 if TYPE_CHECKING:
@@ -358,24 +359,38 @@ def _stage_forward(k: int, code: _StageCode, crossing: list[list[str]], count: d
              f'    """Stage {k} (nodes {code.first}..{code.stop - 1}) on this rank\'s pieces of one micro-batch."""']
     for name in (*code.sources, *code.needs):
         lines.append(f"    {names[name]} = v[{name!r}]")
-    last_source = None
-    for step in code.steps:
-        if isinstance(step, Redistribute):
-            lines += emitter._redistribute(program, step, names, code.cluster)
-            continue
-        node = nodes[step.node]
-        loc = node.source
-        if loc is not None and (loc.file, loc.line) != last_source:
-            lines.append(f"    # {os.path.basename(loc.file)}:{loc.line}{f'  {loc.code}' if loc.code else ''}")
-            last_source = (loc.file, loc.line)
-        lines += emitter._compute(program, node, step, names)
-        if node.mutates and node.mutates in graph.values and graph.values[node.mutates].kind == "buffer" \
-                and node.outputs:
-            lines.append(f"    rt.write_back({names[node.mutates]}, {names[node.outputs[0]]})")
     if k + 1 < len(crossing):
         out = [b for b in crossing[k + 1] if b in code.produced]
     else:
         out = [graph.output] + [x for x in ((count or {}).get("target"), (count or {}).get("weight")) if x]
+    last_source: list = [None]
+
+    def step_lines(step: Compute | Redistribute) -> list[str]:
+        if isinstance(step, Redistribute):
+            return emitter._redistribute(program, step, names, code.cluster)
+        node, got = nodes[step.node], []
+        loc = node.source
+        if loc is not None and (loc.file, loc.line) != last_source[0]:
+            got.append(f"    # {os.path.basename(loc.file)}:{loc.line}{f'  {loc.code}' if loc.code else ''}")
+            last_source[0] = (loc.file, loc.line)
+        got += emitter._compute(program, node, step, names)
+        if node.mutates and node.mutates in graph.values and graph.values[node.mutates].kind == "buffer" \
+                and node.outputs:
+            got.append(f"    rt.write_back({names[node.mutates]}, {names[node.outputs[0]]})")
+        return got
+
+    segments = {s.start: s for s in recomputed_segments(program, code.steps, out)}
+    numbers = {start: n for n, start in enumerate(sorted(segments))}
+    i = 0
+    while i < len(code.steps):
+        segment = segments.get(i)
+        if segment is None:
+            lines += step_lines(code.steps[i])
+            i += 1
+            continue
+        body = [line for step in code.steps[segment.start:segment.stop] for line in step_lines(step)]
+        lines += render_segment(segment, numbers[i], names.__getitem__, body)
+        i = segment.stop
     lines.append("    return {" + ", ".join(f"{b!r}: {names[b]}" for b in out) + "}")
     return "\n".join(lines)
 

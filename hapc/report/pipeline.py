@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from hapc.ir.program import DistProgram
     from hapc.plan.plan import Plan
 
 
@@ -47,7 +48,8 @@ def pipeline_lines(plan: Plan) -> list[str]:
         return [f"gradient accumulation: {pipe.microbatches} micro-batches of {rows} samples, gradients "
                 f"synchronised once per step, {max(max(m) for m in cost.stage_memory_bytes) / 1e9:.3f} GB at most "
                 f"on a device (without accumulation: {without})"]
-    lines = [f"pipeline: {len(pipe.stages)} stages, {pipe.microbatches} micro-batches, {pipe.schedule} schedule, "
+    count = f"{len(pipe.stages)} stage{'s' if len(pipe.stages) > 1 else ''}"
+    lines = [f"pipeline: {count}, {pipe.microbatches} micro-batches, {pipe.schedule} schedule, "
              f"bubble {cost.bubble_fraction * 100:.1f}% of {cost.pipeline_seconds * ms:.3f} ms "
              f"(one stage over all devices: {without})"]
     if len(used) < plan.cluster.world:
@@ -60,7 +62,25 @@ def pipeline_lines(plan: Plan) -> list[str]:
         lines.append(f"  {k:>5} {f'{st.first_node}-{st.stop_node - 1}':>11} "
                      f"{_source_span(plan, st.first_node, st.stop_node):<28} {_group_text(plan, st.ranks):<40} "
                      f"{step:13.3f} {inflight:>9} {max(mem) / 1e9:9.3f}")
+    levers = [(k, stage_levers(st.program)) for k, st in enumerate(pipe.stages)]
+    if any(what for _, what in levers):
+        lines.append("  memory levers: " + "; ".join(f"stage {k} {', '.join(what)}" for k, what in levers if what))
     return lines
+
+
+def stage_levers(program: DistProgram) -> list[str]:
+    """What a stage's program gives time for memory with (:mod:`synth.levers`), in words."""
+    from hapc.ir.layout import Replicate, Shard
+    from hapc.ir.program import Redistribute
+
+    params = set(program.graph.params)
+    what = ["layers recomputed in backward"] if program.recompute else []
+    if any(isinstance(s, Redistribute) and s.src in params and isinstance(s.src_layout, Shard)
+           and isinstance(s.dst_layout, Replicate) for s in program.steps):
+        what.append("weights stored sharded and gathered for use (ZeRO-3)")
+    if program.state_shares is not None:
+        what.append("optimizer state in ZeRO-1 rows")
+    return what
 
 
 def explain_pipeline(plan: Plan, limit: int | None = None) -> str:

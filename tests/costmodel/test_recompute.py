@@ -15,9 +15,8 @@ from costmodel.recompute import call_of_steps, recomputed_calls, saved_inputs
 from costmodel.simulator import simulate
 from hapc.errors import UserError
 from hapc.plan.plan import Plan
-from synth.accumulation import _one_stage
 from synth.levers import with_recompute
-from synth.stages import StagePlanner
+from synth.stages import price_stages
 from costmodel.transfers import LocalBytes
 from hapc import synthesize
 from tests.synth.test_zero_choice import GPT, SMALL_GPT, _cluster, roomy  # noqa: F401  (the fixture)
@@ -62,9 +61,9 @@ def test_backward_runs_each_recomputed_step_forward_again(roomy):  # noqa: F811
 
 def test_the_pipeline_pricer_agrees_with_the_one_stage_model(roomy):  # noqa: F811
     program = with_recompute(roomy.program)
-    planner = StagePlanner(roomy.graph, roomy.cluster)
+    n = len(roomy.graph.nodes)
     for prog in (roomy.program, program):
-        stage = _one_stage(planner, prog, 1, require_fit=False).cost.stage_memory_bytes[0]
+        stage = price_stages(roomy.graph, roomy.cluster, [(0, n, range(4), prog)], 1, "1f1b").cost.stage_memory_bytes[0]
         whole = program_memory(prog, roomy.cluster).totals
         assert max(stage) == pytest.approx(max(whole), rel=0.1), prog.recompute
 
@@ -80,3 +79,33 @@ def test_plan_json_keeps_recompute_and_refuses_a_bad_value(roomy, tmp_path):  # 
     (tmp_path / "plan.json").write_text(json.dumps(data))
     with pytest.raises(UserError, match="recompute: expected true or false"):
         Plan.load(tmp_path / "plan.json")
+
+
+def test_a_pipeline_stage_holds_its_largest_recomputed_layer_once_whatever_is_in_flight(roomy):  # noqa: F811
+    """Each micro-batch in flight keeps its layers' inputs; the one layer backward reruns at a
+    time holds its activations once (issue 22: pipelines that recompute)."""
+    from costmodel.pipeline import profile_program
+
+    from costmodel.groups import sub_cluster
+    from synth.baselines import baseline_program
+
+    graph, n = roomy.graph, len(roomy.graph.nodes)
+    kept = [baseline_program("dp-even", graph, sub_cluster(roomy.cluster, g)) for g in ((0, 1), (2, 3))]
+    recomputing = [with_recompute(p) for p in kept]
+    calls = recomputed_calls(recomputing[0])
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    cut = index[next(s.node for s in recomputing[0].steps[calls[1].start:] if hasattr(s, "node"))]   # layer 1 on
+
+    def stages(programs, schedule):
+        return price_stages(graph, roomy.cluster, [(0, cut, (0, 1), programs[0]), (cut, n, (2, 3), programs[1])],
+                            4, schedule)
+
+    held = profile_program(recomputing[0], sub_cluster(roomy.cluster, (0, 1)), 4).call_bytes
+    assert held.shape == (2, 2) and (held > 0).all()
+    for k in (0, 1):
+        plain, lean = stages(kept, "1f1b").stages[k].cost, stages(recomputing, "1f1b").stages[k].cost
+        assert max(lean.activation_bytes) < max(plain.activation_bytes)
+        assert max(lean.static_bytes) > max(plain.static_bytes)          # one layer's activations, once
+    gpipe, one_f_one_b = stages(recomputing, "gpipe"), stages(recomputing, "1f1b")    # stage 0 holds 4, 2
+    extra = [a - b for a, b in zip(gpipe.cost.stage_memory_bytes[0], one_f_one_b.cost.stage_memory_bytes[0])]
+    assert extra == pytest.approx([2 * a for a in one_f_one_b.stages[0].cost.activation_bytes])

@@ -15,6 +15,7 @@ from hapc.codegen.launch import run_device
 from hapc.frontend.modelfile import load_model_file, trace_for_device
 from hapc.plan.plan import Plan
 from hapc.frontend.tracer import trace
+from synth.levers import with_recompute
 from synth.baselines import baseline_program
 from synth.stages import StagePlanner, price_stages
 
@@ -23,11 +24,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def forced_pipeline(model_file: str | Path, overrides: dict, cluster_file: str | Path,
                     groups: Sequence[Sequence[int]], cut_at: Sequence[float], microbatches: int,
-                    schedule: str = "1f1b", group_program: str = "search", traced=None) -> Plan:
+                    schedule: str = "1f1b", group_program: str = "search", traced=None,
+                    recompute: bool = False) -> Plan:
     """A plan whose stage ``k`` runs on ``groups[k]`` and ends at the cut candidate nearest the
     fraction ``cut_at[k]`` of the model's cut candidates. Each group's program is the stage
     planner's (``"search"``: A* + share LP on the group) or a baseline's (``"dp-flops"``: data
-    parallel with FLOP-proportional, so uneven, shares; fast)."""
+    parallel with FLOP-proportional, so uneven, shares; fast); ``recompute``: each group's
+    program recomputes its layers in backward."""
     if traced is None:
         cl = load_cluster(str(cluster_file))          # traced for its device type, as hapc compile does
         traced = trace_for_device(load_model_file(str(model_file), overrides), trace, run_device(cl))
@@ -39,8 +42,10 @@ def forced_pipeline(model_file: str | Path, overrides: dict, cluster_file: str |
 
     def program_of(ranks):
         if group_program == "search":
-            return planner.group_program(planner.group(ranks))
-        return baseline_program(group_program, graph, sub_cluster(cluster, ranks))
+            program = planner.group_program(planner.group(ranks))
+        else:
+            program = baseline_program(group_program, graph, sub_cluster(cluster, ranks))
+        return (with_recompute(program) or program) if recompute else program
 
     specs = [(bounds[k], bounds[k + 1], tuple(g), program_of(tuple(g))) for k, g in enumerate(groups)]
     pipe = price_stages(graph, cluster, specs, microbatches, schedule)

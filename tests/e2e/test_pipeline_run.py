@@ -234,6 +234,19 @@ def test_hugging_face_gpt2_pipelined_across_two_nodes_under_gpipe_verifies_with_
     assert "verify: ok" in outs[0]
 
 
+@pytest.mark.slow
+def test_pipelined_stages_that_recompute_their_layers_verify_with_dropout(tmp_path):
+    """Activation recomputation in a pipeline (issue 22): each stage's layer calls run through
+    rt.recompute, redrawing the forward's dropout masks for the micro-batch it recomputes."""
+    plan = forced_pipeline(GPT, {**TINY, "layers": 4, "batch": 8, "dropout": 0.1}, TWO_NODES, [(0, 1), (2, 3)],
+                           [0.45], 2, recompute=True)
+    path = _emit(plan, tmp_path)
+    stages = path.read_text().split("\ndef stage_")[1:]
+    assert len(stages) == 2 and all("rt.recompute(" in stage for stage in stages)
+    outs = _launch(path, [2, 2], "--steps", "2", "--verify")
+    assert "verify: ok" in outs[0], outs[0][-2000:]
+
+
 LOSSES = REPO / "tests" / "e2e" / "families" / "losses.py"
 RANDOM_MASKING = REPO / "tests" / "e2e" / "families" / "random_masking.py"
 

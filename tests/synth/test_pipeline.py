@@ -489,7 +489,8 @@ def test_auto_pipelines_when_no_one_stage_plan_fits(gpt4):
     holds some layers and, under 1F1B, a few micro-batches' activations) and finds one that fits,
     where it stopped at the one-stage search's memory error before (issue 22). Without stages
     one stage fits only by giving time for memory (layers recomputed, optimizer state in ZeRO's
-    rows), twice as slow; with stages that do not fit either, it is the one-stage error."""
+    rows), twice as slow. With less memory the stages recompute their layers and store their
+    weights sharded (synth.stages.LeverPlanner); with less still, it is the one-stage error."""
     from hapc.api import synthesize
     from synth.ratios import MemoryInfeasible
 
@@ -502,5 +503,9 @@ def test_auto_pipelines_when_no_one_stage_plan_fits(gpt4):
     assert one.fits and one.pipeline is None and one.program.recompute and one.program.state_shares is not None
     plan = synthesize(gpt4, None, cluster(0.0015), stages="auto")
     assert plan.fits and len(plan.stages) >= 2 and max(plan.memory) <= 0.0015e9 and plan.cost < one.cost / 2
+    # Smaller still, the stages recompute their layers and store their weights sharded
+    lean = synthesize(gpt4, None, cluster(0.001), stages="auto")
+    assert lean.fits and len(lean.stages) >= 2 and all(st.program.recompute for st in lean.stages)
+    assert max(lean.memory) <= 0.001e9 and lean.cost > plan.cost
     with pytest.raises(MemoryInfeasible):
-        synthesize(gpt4, None, cluster(0.001), stages="auto")
+        synthesize(gpt4, None, cluster(0.0008), stages="auto")
