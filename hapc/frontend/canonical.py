@@ -14,8 +14,10 @@ code each node was made, never of the trace order:
 * **order**: the nodes are placed from the loss backwards, each time taking, among the nodes
   whose readers are all placed, the one latest in program order: its call stack in the user's
   code (file, then line, frame by frame), then the last parameter it depends on (which layer
-  of a loop it belongs to), then its content (op, arguments, shapes, source line, what it
-  reads and what reads it, hashed; never a name given by the trace). For ordinary code this is
+  of a loop it belongs to), then its content a few producers deep (op, arguments, shapes,
+  source line, parameters named with their layer number masked: the same in every layer), then
+  its whole content (what it reads and what reads it, hashed; never a name given by the
+  trace). For ordinary code this is
   the order Python ran it in, so the graphs of models without such loops keep their order;
   only blocks whose order the code does not fix (iterations of a set) are put in one order.
 * **names**: each activation keeps its op-derived stem and is numbered anew in that order
@@ -41,6 +43,8 @@ from hapc.ir.graph import Graph, Node, Ref, Value
 
 _COUNTER = re.compile(r"^(.*?)(?:_(\d+))?$")
 _DEPTH = 16          # how deep in one line's expression the order is followed
+_LOCAL_DEPTH = 4     # producers a tie-break digest looks back through (a layer's chains differ within few)
+_NUMBERS = re.compile(r"\d+")
 _RESERVED = frozenset(dir(builtins)) | frozenset(keyword.kwlist) | {"inf", "nan", "NoneType", "torch", "device", "pytree", "fx_pytree"}
 
 
@@ -132,6 +136,11 @@ def _keys(graph: Graph, preds: list[set[int]], succs: list[list[int]]) -> list[t
         down[i] = _digest((up[i], readers, graph.output in nodes[i].outputs))
         if layer[i] < 0:
             layer[i] = min((layer[j] for j in succs[i]), default=-1)
+    # Ties left after that (two chains made at one line, e.g. a library wrapper's) are broken by
+    # what each node computes a few producers deep, parameters named with their layer masked, so
+    # that every layer puts its chains in the same order: the repeated layers' steps then match
+    # (hapc.ir.blocks) and each is called, or recomputed, as the others are.
+    local = _local_digests(graph, made_by)
     # Python evaluates an expression's operands left to right, each whole before the next: a
     # node's place in its line's expression is its reader's place and where the reader takes it.
     line = [(n.source.file, n.source.line, n.source.callers) if n.source else None for n in nodes]
@@ -140,7 +149,33 @@ def _keys(graph: Graph, preds: list[set[int]], succs: list[list[int]]) -> list[t
         reads = [(j, at) for j in succs[i] for _, at in _positions(nodes[j], nodes[i].outputs)]
         inner = [place[j] + (at,) for j, at in reads if line[j] == line[i] and line[i] is not None]
         place[i] = max(inner)[:_DEPTH] if inner else (max((at for _, at in reads), default=-1),)
-    return [(_stack(n, layer[i]), place[i], layer[i], down[i]) for i, n in enumerate(nodes)]
+    return [(_stack(n, layer[i]), place[i], layer[i], local[i], down[i]) for i, n in enumerate(nodes)]
+
+
+def _local_digests(graph: Graph, made_by: dict[str, tuple[int, int]]) -> list[str]:
+    """Per node, a digest of its op, arguments, outputs' metadata and source line, and of its
+    producers' such digests ``_LOCAL_DEPTH`` deep: the same for the same computation in every
+    layer (a source read directly, a parameter, is named with its numbers masked:
+    ``p_layers_#_q_weight``), unlike the full upstream digest, which holds every layer before."""
+    nodes = graph.nodes
+
+    def arg(a: Any, below: list[str]) -> Any:
+        if isinstance(a, Ref):
+            if a.name in made_by:
+                j, k = made_by[a.name]
+                return ("%", below[j], k)
+            return ("$", _NUMBERS.sub("#", a.name))
+        if isinstance(a, (list, tuple)):
+            return tuple(arg(x, below) for x in a)
+        return repr(a)
+
+    own = [(n.op, [repr(graph.values[o].meta) for o in n.outputs if o in graph.values],
+            (os.path.basename(n.source.file), n.source.line) if n.source else None) for n in nodes]
+    digests = [""] * len(nodes)
+    for _ in range(_LOCAL_DEPTH):
+        digests = [_digest((own[i], arg(n.args, digests), sorted((k, arg(v, digests)) for k, v in n.kwargs.items())))
+                   for i, n in enumerate(nodes)]
+    return digests
 
 
 def _topological(preds: list[set[int]]) -> list[int]:

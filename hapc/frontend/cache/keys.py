@@ -25,7 +25,7 @@ from typing import Any
 
 # Raised when what the cache holds for a key changes: 2 since the canonical node order stopped
 # depending on where the model file lies, 3 since graphs record what autograd saves per node.
-FORMAT = "hapc-trace-cache/3"
+FORMAT = "hapc-trace-cache/4"
 
 
 def torch_version() -> str:
