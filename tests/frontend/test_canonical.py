@@ -165,3 +165,25 @@ def test_where_the_model_file_lies_does_not_change_the_graph(tmp_path):
         mf = load_model_file(str(path), small_config("moe"))
         hashes.add(trace(mf.build_model(device="meta"), tuple(x.to("meta") for x in mf.build_inputs())).graph.hash())
     assert len(hashes) == 1
+
+
+def test_every_layer_puts_its_chains_in_one_order():
+    """Hugging Face Llama with grouped-query attention: its q and k rotary ops are all attributed
+    to one wrapper's line (the kernels hub), so only their content tells them apart. Ordered by
+    the whole upstream digest (every layer before included), each layer interleaved them its
+    own way and the layers did not match as calls of one block (2 of 6 did); by what they
+    compute a few producers deep, all but the first (which reads the embedding) match."""
+    import torch
+
+    from conftest import load_model_file
+    from costmodel.cluster import load_cluster
+    from hapc import trace
+    from hapc.ir.blocks import find_blocks
+    from synth.baselines import baseline_program
+
+    module = load_model_file(ROOT / "configs" / "models" / "hf_llama.py")
+    kwargs = dict(layers=6, hidden=64, heads=8, kv_heads=2, mlp=128, seq=16, batch=4, vocab=101)
+    torch.manual_seed(0)
+    traced = trace(module.model(**kwargs), tuple(module.inputs(**kwargs)))
+    program = baseline_program("dp-even", traced.graph, load_cluster(ROOT / "configs" / "clusters" / "cpu4.yaml"))
+    assert [len(b.calls) for b in find_blocks(program)] == [5]
