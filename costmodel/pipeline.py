@@ -50,6 +50,7 @@ from costmodel.recompute import call_of_steps, saved_inputs
 from costmodel.simcache import SimulationCache
 from costmodel.simulator import SFB_LOCAL, _ClassFractions, factor_synced_params
 from costmodel.transfers import LocalBytes, backward_move, forward_move, local_bytes, regathered
+from hapc.ir.batch import batch_values
 from hapc.ir.graph import Graph
 from hapc.ir.layout import Replicate
 from hapc.ir.program import Compute, DistProgram, Redistribute
@@ -60,14 +61,6 @@ SCHEDULES = ("1f1b", "gpipe")
 def batch_dependent_values(graph: Graph) -> set[str]:
     """Values computed from a model input: they shrink with the micro-batch."""
     return set(graph_facts(graph).batch)
-
-
-def _batch_dependent(graph: Graph, refs: list[tuple[str, ...]]) -> set[str]:
-    found = set(graph.inputs)
-    for node, reads in zip(graph.nodes, refs):
-        if any(v in found for v in reads):
-            found.update(node.outputs)
-    return found
 
 
 @dataclass
@@ -136,7 +129,7 @@ def graph_facts(graph: Graph) -> GraphFacts:
         return hit[1]
     index = {node.name: i for i, node in enumerate(graph.nodes)}
     refs = [tuple(node.input_refs()) for node in graph.nodes]
-    batch = _batch_dependent(graph, refs)
+    batch = batch_values(graph)
     uses: dict[str, list[int]] = {}
     for i, reads in enumerate(refs):
         for ref in reads:

@@ -42,8 +42,9 @@ def accumulation(planner: StagePlanner, microbatches: int | None = None,
     program's shares and, on a mixed cluster, at those the share LP gives it under the
     micro-batch's memory, and one that does not fit is tried again with its optimizer state
     sharded over the ranks (ZeRO-1, :mod:`synth.zero`). Counts are tried from the fewest
-    micro-batches up, until one is no faster than the fewer before it: each doubling halves the
-    activations held (so the LP may give fast devices more) for more per-step overheads. None
+    micro-batches up, while some program that could beat the best so far does not fit yet: each
+    doubling halves the activations held (so a cheaper lever, or the LP's shares that give fast
+    devices more, may fit) for more per-step overheads. None
     when none fits or the model's samples are coupled (:mod:`synth.microbatching`).
     ``ranks``: the devices it runs on (default all; a node alone,
     :func:`synth.stages.best_sub_cluster`), ``programs`` then over those.
@@ -51,8 +52,7 @@ def accumulation(planner: StagePlanner, microbatches: int | None = None,
     ``incumbent_seconds`` (the best plan found otherwise) prunes: a program is not fitted (the
     share LP, ZeRO's rows: a dozen pricings) where it is no faster than that even before its
     memory is fitted, at its own shares and at the fastest program's, whose shares the LP gives
-    without memory limits; and the counts stop where no program was worth fitting (each
-    doubling adds per-step overheads)."""
+    without memory limits."""
     ranks = tuple(range(planner.cluster.world) if ranks is None else ranks)
     whole = planner.group(ranks)
     if microbatches is not None:
@@ -70,21 +70,25 @@ def accumulation(planner: StagePlanner, microbatches: int | None = None,
         levels.append([[program], [p for p in (recomputed, sharded) if p is not None], [p for p in (both,) if p]])
     best: Pipeline | None = None
     for m in counts:
-        before, worth = best, False
         bound = min(s for s in (incumbent_seconds, best.iteration_seconds if best else None, math.inf)
                     if s is not None)
+        unfitted = False       # a program under the bound that does not fit yet: more micro-batches may fit it
         for program_levels in levels:
             for level in program_levels:
-                level = [p for p in level if _floor(prices, p, fastest.shares, m) < bound]
-                worth = worth or bool(level)
-                fitted = [pipe for program in level for pipe in _fitting(prices, program, m, whole)]
-                for pipe in fitted:
-                    if best is None or pipe.iteration_seconds < best.iteration_seconds:
-                        best = pipe
+                fitted = False
+                for program in level:
+                    if _floor(prices, program, fastest.shares, m) >= bound:
+                        continue
+                    pipes = _fitting(prices, program, m, whole)
+                    unfitted = unfitted or not pipes
+                    for pipe in pipes:
+                        fitted = True
+                        if best is None or pipe.iteration_seconds < best.iteration_seconds:
+                            best = pipe
                 if fitted:
                     break           # the next levers cost more time at the same shares
-        if (before is not None and best is before) or not worth:
-            break          # more micro-batches freed no memory worth their overheads
+        if not unfitted:
+            break          # all that could win fits already: more micro-batches only add overheads
     return best
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from costmodel.cluster import Cluster
+from hapc.ir.batch import batch_values
 from hapc.ir.graph import Graph
 from hapc.ir.layout import Layout, Replicate, Shard
 from hapc.ir.program import DistProgram
@@ -77,16 +78,6 @@ def baseline_programs(names: Sequence[str], graph: Graph, cluster: Cluster) -> d
     return out
 
 
-def _batch_dependent(graph: Graph) -> set[str]:
-    """Values computed from a model input (the batch); the rest (positions, masks built from
-    shapes, parameter transforms) is the same for every sample."""
-    found = set(graph.inputs)
-    for node in graph.nodes:
-        if any(v in found for v in node.input_refs()):
-            found.update(node.outputs)
-    return found
-
-
 def _data_parallel_score(graph: Graph):
     """Data parallelism as DDP runs it: what does not depend on the batch is computed whole on
     every rank. Greedy propagation alone would shard, say, the position ids of a GPT (less work
@@ -95,7 +86,7 @@ def _data_parallel_score(graph: Graph):
 
     Returns the score and its situation for :func:`propagate`: whether the node's results
     depend on the batch."""
-    batch = _batch_dependent(graph)
+    batch = batch_values(graph)
 
     def on_batch(node) -> bool:
         return any(o in batch for o in node.outputs)

@@ -20,6 +20,7 @@ import numpy as np
 from costmodel.cluster import Cluster
 from costmodel.groups import group_key, sub_cluster
 from costmodel.pipeline import graph_facts
+from hapc.ir.batch import batch_size  # noqa: F401 - re-exported: its home before hapc.ir.batch
 from hapc.ir.graph import Graph
 
 MAX_CUTS = 48            # cut candidates kept for the DP (evenly by work when there are more)
@@ -141,7 +142,3 @@ def cut_candidates(graph: Graph, live_bytes: np.ndarray) -> list[int]:
     return [0] + dedup + [n]
 
 
-def batch_size(graph: Graph) -> int:
-    """Samples in one global batch: the largest leading dimension of the model inputs."""
-    sizes = [graph.meta(x).shape[0] for x in graph.inputs if graph.meta(x).shape]
-    return max(sizes) if sizes else 1
