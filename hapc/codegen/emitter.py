@@ -52,7 +52,8 @@ RUNTIME_FILES = {"hapc_local_ops.py": runtime_facts.LOCAL_OPS, "hapc_random_ops.
                  "hapc_loss_scale.py": runtime_facts.LOSS_SCALE,   # fp16
                  "hapc_zero.py": runtime_facts.ZERO,               # ZeRO's sharded optimizer state
                  "hapc_checkpoint.py": runtime_facts.CHECKPOINT,   # --save/--load
-                 "hapc_timings.py": runtime_facts.TIMINGS}         # --timings
+                 "hapc_timings.py": runtime_facts.TIMINGS,         # --timings
+                 "hapc_memory.py": runtime_facts.MEMORY_METER}     # --measure-memory
 BEGIN = "# ==== generated: tables and forward (begin) ===="
 END = "# ==== generated: tables and forward (end) ===="
 CONTINUED = "# ==== skeleton, continued ====\n"    # in skeleton_main.py: the program text follows
@@ -557,10 +558,11 @@ Run (N = {n}; the rank's device comes from torchrun's LOCAL_RANK):
     torchrun --nproc_per_node={n} program.py [--steps K] [--device cpu|cuda] [--verify]
         [--save DIR [--save-every N]] [--load DIR]   # checkpoints load under any plan of the model
         [--timings]                                  # per-rank compute, comm and idle seconds
+        [--measure-memory]                           # CPU: per-rank peak tensor bytes (GPUs: always)
 
 Files beside this one: {model_name} (the model file), hapc_local_ops.py, hapc_random_ops.py,
-hapc_collectives.py, hapc_loss_scale.py, hapc_zero.py, hapc_checkpoint.py and hapc_timings.py (the
-runtime). Only torch is needed. The plan is data (the tables below); ``forward`` is one
+hapc_collectives.py, hapc_loss_scale.py, hapc_zero.py, hapc_checkpoint.py, hapc_timings.py and
+hapc_memory.py (the runtime). Only torch is needed. The plan is data (the tables below); ``forward`` is one
 line per step of the plan, with the user's source line above the ops it produced; a block of steps
 repeated layer after layer is one function (``block_<k>``) that ``forward`` calls once per layer.
 

@@ -413,8 +413,8 @@ Run (one line per node; every node may be this host):
     {launch}
 
 Files beside this one: {model_name} (the model file), hapc_local_ops.py, hapc_random_ops.py,
-hapc_collectives.py, hapc_loss_scale.py, hapc_pipeline.py (the schedule and the exchange between stages), hapc_checkpoint.py and
-hapc_timings.py. Only torch is needed. Each stage's ``stage_k`` is one line per step of its
+hapc_collectives.py, hapc_loss_scale.py, hapc_pipeline.py (the schedule and the exchange between stages), hapc_checkpoint.py,
+hapc_timings.py and hapc_memory.py. Only torch is needed. Each stage's ``stage_k`` is one line per step of its
 group's plan; ``STAGES`` holds the tables.
 
 Plan:

@@ -33,6 +33,7 @@ LOCAL_OP_MODULES = {"L": LOCAL_OPS, "R": RANDOM_OPS}
 PIPELINE = RUNTIME / "pipeline.py"           # copied as hapc_pipeline.py (pipelined plans)
 CHECKPOINT = RUNTIME / "checkpoint.py"       # copied as hapc_checkpoint.py (--save/--load)
 TIMINGS = RUNTIME / "timings.py"             # copied as hapc_timings.py (--timings)
+MEMORY_METER = RUNTIME / "memory_meter.py"   # copied as hapc_memory.py (--measure-memory)
 LOSS_SCALE = RUNTIME / "loss_scale.py"       # copied as hapc_loss_scale.py (fp16's loss scaling)
 ZERO = RUNTIME / "zero.py"                   # copied as hapc_zero.py (ZeRO's owned rows)
 

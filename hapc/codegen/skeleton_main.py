@@ -282,13 +282,15 @@ def load_checkpoint(directory: str, trainer: Trainer, optimizer: torch.optim.Opt
     return progress.data_position
 
 
-def report_peak_memory(rank: int, device: torch.device) -> None:
+def report_peak_memory(rank: int, device: torch.device, meter: Any = None) -> None:
     """On GPUs, rank 0 prints every rank's torch.cuda.max_memory_allocated (bytes, in rank
     order), to hold against the plan's predicted peak: a memory model that under-predicts
-    turns a plan that "fits" into an out-of-memory crash."""
-    if device.type != "cuda":
+    turns a plan that "fits" into an out-of-memory crash. On CPU with --measure-memory, each
+    rank's peak tensor bytes as ``meter`` (hapc_memory.LiveBytes) counted them."""
+    if device.type != "cuda" and meter is None:
         return
-    mine = torch.tensor([float(torch.cuda.max_memory_allocated(device))], device=device)
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else meter.peak
+    mine = torch.tensor([float(peak)], device=device)
     every = [torch.zeros_like(mine) for _ in range(WORLD)]
     dist.all_gather(every, mine)
     if rank == 0:
@@ -356,6 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="end every rank when a step or a collective waits this long for a peer (default 300)")
     parser.add_argument("--timings", action="store_true",
                         help="print each rank's compute, communication and idle seconds per step")
+    parser.add_argument("--measure-memory", action="store_true",
+                        help="CPU: count each rank's peak tensor bytes (slower); rank 0 prints them per rank, "
+                             "as it always does on GPUs")
     parser.add_argument("--tf32", choices=("on", "off"), default="on" if ALLOW_TF32 else "off",
                         help="float32 products on TF32 units (CUDA; default from the plan's cluster file: "
                              f"{'on' if ALLOW_TF32 else 'off'})")
@@ -422,6 +427,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
             if trainer.rank == 0:
                 print(f"resumed from {args.load} at step {first}", flush=True)
+        meter = None
+        if args.measure_memory and device.type == "cpu":     # this rank's pieces, then what the steps make
+            meter = _load("hapc_memory", "hapc_memory.py").LiveBytes()
+            meter.add(trainer.sources.values())
+        measured = meter if meter is not None else contextlib.nullcontext()
         clock = _load("hapc_timings", "hapc_timings.py").StepClock() if args.timings else None
         if clock is not None:
             clock.install()
@@ -432,7 +442,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if clock is not None:
                 clock.start()
             start = time.perf_counter()
-            loss = trainer.step(batch)
+            with measured:
+                loss = trainer.step(batch)
             synchronize()
             seconds = time.perf_counter() - start
             if args.verify and i == first:
@@ -442,10 +453,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             synchronize()
             start = time.perf_counter()
             verdict = trainer.verdict               # fp16: agreed by every rank (hapc_loss_scale.py)
-            if not verdict.skipped:
-                optimizer.step()
-                trainer.share_updates()             # ZeRO: every rank's updated rows to all
-            optimizer.zero_grad(set_to_none=True)
+            with measured:
+                if not verdict.skipped:
+                    optimizer.step()
+                    trainer.share_updates()         # ZeRO: every rank's updated rows to all
+                optimizer.zero_grad(set_to_none=True)
             synchronize()
             seconds += time.perf_counter() - start
             times.append(seconds)
@@ -480,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if trainer.rank == 0 and len(times) > 1:
             print(f"median step time {statistics.median(times[1:]):.6f} s over steps "
                   f"{first + 2}..{first + len(times)}", flush=True)
-        report_peak_memory(trainer.rank, device)
+        report_peak_memory(trainer.rank, device, meter)
         if WORLD > 1:
             # No rank tears its connections down while a peer may still be finishing the last
             # step's collectives: gloo aborts a process whose socket closes under a pending op.
