@@ -23,6 +23,10 @@ from synth.stagespace import Group
 from synth.levers import with_recompute, without_recompute
 from synth.zero import with_fitted_states, with_sharded_storage
 
+# How far over a device's memory the leanest variant may be and still be fitted (ZeRO's rows of what
+# it keeps replicated may close that much).
+REACH_MARGIN = 1.1
+
 
 def accumulation(planner: StagePlanner, microbatches: int | None = None,
                  programs: Sequence[DistProgram] = (), ranks: Sequence[int] | None = None,
@@ -68,6 +72,9 @@ def accumulation(planner: StagePlanner, microbatches: int | None = None,
         recomputed, sharded = with_recompute(program), with_sharded_storage(program)
         both = with_sharded_storage(recomputed) if recomputed is not None else None
         levels.append([[program], [p for p in (recomputed, sharded) if p is not None], [p for p in (both,) if p]])
+    if all(_beyond_reach(prices, [p for level in program_levels for p in level], counts[-1], whole)
+           for program_levels in levels):
+        return None            # not even the leanest variant at the most micro-batches fits
     best: Pipeline | None = None
     for m in counts:
         bound = min(s for s in (incumbent_seconds, best.iteration_seconds if best else None, math.inf)
@@ -90,6 +97,20 @@ def accumulation(planner: StagePlanner, microbatches: int | None = None,
         if not unfitted:
             break          # all that could win fits already: more micro-batches only add overheads
     return best
+
+
+def _beyond_reach(prices: _Prices, variants: list[DistProgram], m: int, group: Group) -> bool:
+    """Whether no variant of a program can fit with ``m`` micro-batches (the most tried): the
+    leanest (the last lever, fewest bytes) at ``m`` needs more than some device of a group of
+    equal devices has, or more than all the devices of a mixed group have together (shares
+    move bytes between devices, but what is sharded adds up to the same whole, and what is
+    replicated only grows with the devices that hold it). A margin keeps ZeRO's rows, which it
+    does not try, from being ruled out."""
+    used = prices.memory(variants[-1], m)
+    capacity = [prices.planner.cluster.devices[r].memory_bytes for r in prices.ranks]
+    if group.cluster.is_homogeneous:
+        return any(u > REACH_MARGIN * c for u, c in zip(used, capacity))
+    return sum(used) > REACH_MARGIN * sum(capacity)
 
 
 def _floor(prices: _Prices, program: DistProgram, fastest: tuple[float, ...], m: int) -> float:

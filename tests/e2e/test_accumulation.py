@@ -76,6 +76,28 @@ def test_when_nothing_fits_the_error_names_the_levers_tried():
         "micro-batches" in message
 
 
+def test_out_of_reach_is_found_from_the_leanest_variant_alone(monkeypatch):
+    """When even the leanest variant (layers recomputed, weights stored sharded) at the most
+    micro-batches needs more than the devices have, nothing else is priced: on a 70B model
+    that is minutes of fitting ZeRO's rows and the share LP to variants that cannot fit."""
+    from costmodel.cluster import load_cluster
+    from hapc.api import _trace_file
+    from synth import accumulation as A
+    from synth.stages import StagePlanner
+
+    with _trace_file(LOSSES, {"loss": "masked_mean", "batch": 16}, SMALL_MIXED, True, None) as f:
+        graph = f.traced.graph
+    priced = []
+    real = A._Prices.one_stage
+    monkeypatch.setattr(A._Prices, "one_stage", lambda self, program, m, require_fit=True:
+                        priced.append(m) or real(self, program, m, require_fit))
+    roomy = A.accumulation(StagePlanner(graph, load_cluster(_cluster(1000))))
+    assert roomy is not None and len(priced) > 4
+    priced.clear()
+    assert A.accumulation(StagePlanner(graph, load_cluster(_cluster(1)))) is None
+    assert 0 < len(priced) <= 2 and len(set(priced)) == 1     # the leanest variant(s), at the most micro-batches
+
+
 def test_a_model_whose_samples_are_coupled_is_not_accumulated_and_the_error_says_so():
     with pytest.raises(MemoryInfeasible, match=r"no gradient accumulation \(the model's samples are coupled\)"):
         _plan(_cluster(5), loss="contrastive")
