@@ -199,8 +199,8 @@ def _pipeline(planner, stages: int | str, microbatches: int | None, schedule: st
               baselines: dict[str, float], one_stage_seconds: float, memory_binds: bool) -> Any:
     """The best pipeline (None if none fits or, with ``stages="auto"``, none beats the best
     one-stage plan and the pipeline-even baseline) and, as a side effect, that baseline. Where
-    memory binds, stages that recompute their layers are planned too
-    (:class:`synth.stages.LeverPlanner`, :func:`_stage_levers`)."""
+    memory binds, stages with memory levers (layers recomputed, weights stored sharded) are
+    planned too (:class:`synth.stages.LeverPlanner`, :func:`_stage_levers`)."""
     from hapc.errors import UserError
     from synth.stages import LeverPlanner, best_sub_cluster, pipeline_even
 
@@ -220,7 +220,7 @@ def _pipeline(planner, stages: int | str, microbatches: int | None, schedule: st
             levered = LeverPlanner(planner, lever).plan(stages=forced, microbatches=microbatches, schedule=schedule,
                                                         incumbent_seconds=bound)
             planner.say(f"pipeline: stages with {name}: " + (
-                "none faster" if levered is None else f"{levered.iteration_seconds * 1e3:.3f} ms/iter"))
+                "none that fits is faster" if levered is None else f"{levered.iteration_seconds * 1e3:.3f} ms/iter"))
             if levered is not None and (pipe is None or levered.iteration_seconds < pipe.iteration_seconds):
                 pipe = levered
     unforced = forced is None and microbatches is None and schedule is None

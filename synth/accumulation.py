@@ -1,5 +1,6 @@
 """Gradient accumulation in one-stage plans: the batch runs as ``m`` equal micro-batches over
-all devices, their gradients summed and synchronised once per step.
+all devices (or a node alone, the others idle), their gradients summed and synchronised once
+per step.
 
 It is a pipeline of one stage (:class:`synth.stages.Pipeline`), so it shares the pipelines'
 runtime, exact loss weighting (:mod:`synth.microbatching`), pricing, plan.json form and
@@ -48,10 +49,10 @@ def accumulation(planner: StagePlanner, microbatches: int | None = None,
     sharded over the ranks (ZeRO-1, :mod:`synth.zero`). Counts are tried from the fewest
     micro-batches up, while some program that could beat the best so far does not fit yet: each
     doubling halves the activations held (so a cheaper lever, or the LP's shares that give fast
-    devices more, may fit) for more per-step overheads. None
-    when none fits or the model's samples are coupled (:mod:`synth.microbatching`).
-    ``ranks``: the devices it runs on (default all; a node alone,
-    :func:`synth.stages.best_sub_cluster`), ``programs`` then over those.
+    devices more, may fit) for more per-step overheads. None when none fits (found at once when
+    not even the leanest variant fits at the most micro-batches) or the model's samples are
+    coupled (:mod:`synth.microbatching`). ``ranks``: the devices it runs on (default all; a node
+    alone, :func:`synth.stages.best_sub_cluster`), ``programs`` then over those.
 
     ``incumbent_seconds`` (the best plan found otherwise) prunes: a program is not fitted (the
     share LP, ZeRO's rows: a dozen pricings) where it is no faster than that even before its
