@@ -235,11 +235,21 @@ def test_hugging_face_gpt2_pipelined_across_two_nodes_under_gpipe_verifies_with_
 
 
 @pytest.mark.slow
-def test_pipelined_stages_that_recompute_their_layers_verify_with_dropout(tmp_path):
+@pytest.mark.parametrize("sharded", [False, True])
+def test_pipelined_stages_that_recompute_their_layers_verify_with_dropout(tmp_path, sharded):
     """Activation recomputation in a pipeline (issue 22): each stage's layer calls run through
-    rt.recompute, redrawing the forward's dropout masks for the micro-batch it recomputes."""
+    rt.recompute, redrawing the forward's dropout masks for the micro-batch it recomputes; and
+    with the stages' weights stored sharded too (ZeRO-3 in each group, the lever pass
+    synth.stages.LeverPlanner plans), gathered again when a layer is recomputed."""
+    from synth.stages import price_stages
+    from synth.zero import with_sharded_storage
+
     plan = forced_pipeline(GPT, {**TINY, "layers": 4, "batch": 8, "dropout": 0.1}, TWO_NODES, [(0, 1), (2, 3)],
                            [0.45], 2, recompute=True)
+    if sharded:
+        plan.pipeline = price_stages(plan.graph, plan.cluster, [
+            (st.first_node, st.stop_node, st.ranks, with_sharded_storage(st.program)) for st in plan.pipeline.stages],
+            2, "1f1b")
     path = _emit(plan, tmp_path)
     stages = path.read_text().split("\ndef stage_")[1:]
     assert len(stages) == 2 and all("rt.recompute(" in stage for stage in stages)
