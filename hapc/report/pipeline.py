@@ -41,13 +41,8 @@ def pipeline_lines(plan: Plan) -> list[str]:
     cost = pipe.cost
     used = {r for st in pipe.stages for r in st.ranks}
     without = f"{plan.sim.iteration_seconds * ms:.3f} ms" + ("" if plan.sim.fits else ", does not fit")
-    if len(pipe.stages) == 1 and len(used) == plan.cluster.world:
-        from synth.stagespace import batch_size
-
-        rows = batch_size(plan.graph) // pipe.microbatches
-        return [f"gradient accumulation: {pipe.microbatches} micro-batches of {rows} samples, gradients "
-                f"synchronised once per step, {max(max(m) for m in cost.stage_memory_bytes) / 1e9:.3f} GB at most "
-                f"on a device (without accumulation: {without})"]
+    if len(pipe.stages) == 1:
+        return _one_stage_lines(plan, without, used)
     count = f"{len(pipe.stages)} stage{'s' if len(pipe.stages) > 1 else ''}"
     lines = [f"pipeline: {count}, {pipe.microbatches} micro-batches, {pipe.schedule} schedule, "
              f"bubble {cost.bubble_fraction * 100:.1f}% of {cost.pipeline_seconds * ms:.3f} ms "
@@ -65,6 +60,31 @@ def pipeline_lines(plan: Plan) -> list[str]:
     levers = [(k, stage_levers(st.program)) for k, st in enumerate(pipe.stages)]
     if any(what for _, what in levers):
         lines.append("  memory levers: " + "; ".join(f"stage {k} {', '.join(what)}" for k, what in levers if what))
+    return lines
+
+
+def _one_stage_lines(plan: Plan, without: str, used: set[int]) -> list[str]:
+    """A pipeline of one stage: gradient accumulation, over all devices or on part of the
+    cluster alone (the others idle), or that part alone with the batch in one go."""
+    from hapc.ir.batch import batch_size
+
+    pipe = plan.pipeline
+    (stage,) = pipe.stages
+    peak = max(max(m) for m in pipe.cost.stage_memory_bytes) / 1e9
+    where = "" if len(used) == plan.cluster.world else f" on {_group_text(plan, stage.ranks)} alone"
+    other = "one stage over all devices" if where else "without accumulation"
+    if pipe.microbatches > 1:
+        rows = batch_size(plan.graph) // pipe.microbatches
+        lines = [f"gradient accumulation{where}: {pipe.microbatches} micro-batches of {rows} samples, gradients "
+                 f"synchronised once per step, {peak:.3f} GB at most on a device ({other}: {without})"]
+    else:
+        lines = [f"one stage{where}, the batch in one go, {peak:.3f} GB at most on a device ({other}: {without})"]
+    if where:
+        idle = sorted(set(range(plan.cluster.world)) - used)
+        lines.append(f"  devices left idle (the plan is faster without them): ranks {idle}")
+        what = stage_levers(stage.program)
+        if what:
+            lines.append("  memory levers: " + ", ".join(what))
     return lines
 
 
