@@ -43,8 +43,7 @@ def pipeline_lines(plan: Plan) -> list[str]:
     without = f"{plan.sim.iteration_seconds * ms:.3f} ms" + ("" if plan.sim.fits else ", does not fit")
     if len(pipe.stages) == 1:
         return _one_stage_lines(plan, without, used)
-    count = f"{len(pipe.stages)} stage{'s' if len(pipe.stages) > 1 else ''}"
-    lines = [f"pipeline: {count}, {pipe.microbatches} micro-batches, {pipe.schedule} schedule, "
+    lines = [f"pipeline: {len(pipe.stages)} stages, {pipe.microbatches} micro-batches, {pipe.schedule} schedule, "
              f"bubble {cost.bubble_fraction * 100:.1f}% of {cost.pipeline_seconds * ms:.3f} ms "
              f"(one stage over all devices: {without})"]
     if len(used) < plan.cluster.world:
@@ -82,21 +81,13 @@ def _one_stage_lines(plan: Plan, without: str, used: set[int]) -> list[str]:
     if where:
         idle = sorted(set(range(plan.cluster.world)) - used)
         lines.append(f"  devices left idle (the plan is faster without them): ranks {idle}")
-        what = stage_levers(stage.program)
-        if what:
-            lines.append("  memory levers: " + ", ".join(what))
-    return lines
+    return lines            # its memory levers: the summary's lines for a one-stage program
 
 
 def stage_levers(program: DistProgram) -> list[str]:
     """What a stage's program gives time for memory with (:mod:`synth.levers`), in words."""
-    from hapc.ir.layout import Replicate, Shard
-    from hapc.ir.program import Redistribute
-
-    params = set(program.graph.params)
     what = ["layers recomputed in backward"] if program.recompute else []
-    if any(isinstance(s, Redistribute) and s.src in params and isinstance(s.src_layout, Shard)
-           and isinstance(s.dst_layout, Replicate) for s in program.steps):
+    if gathered_weights(program):
         what.append("weights stored sharded and gathered for use (ZeRO-3)")
     if program.state_shares is not None:
         what.append("optimizer state in ZeRO-1 rows")
@@ -178,3 +169,11 @@ def resimulate_lines(plan: Plan, cluster) -> list[str]:
     fit = "fits" if moved.fits else "DOES NOT FIT"
     return [f"time per iteration {again.iteration_seconds * 1e3:.3f} ms on {cluster.name or 'the cluster'} "
             f"({len(again.stages)} pipeline stages; {fit})", *pipeline_lines(moved)]
+
+
+def gathered_weights(program: DistProgram) -> list[str]:
+    """The weights ``program`` stores sharded and gathers whole for use (ZeRO-3)."""
+    from costmodel.transfers import regathered
+    from hapc.ir.program import Redistribute
+
+    return list(dict.fromkeys(s.src for s in program.steps if isinstance(s, Redistribute) and regathered(program, s)))

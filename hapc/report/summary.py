@@ -45,8 +45,10 @@ def summary_text(plan: Plan) -> str:
 def _memory_lever_lines(plan: Plan) -> list[str]:
     """What the plan gives up time for memory with (:mod:`synth.levers`): ZeRO's rows of the
     optimizer state of replicated parameters (ZeRO-2 in one stage, ZeRO-1 under accumulation,
-    whose gradients accumulate whole) and activation recomputation."""
+    whose gradients accumulate whole), weights stored sharded (ZeRO-3) and activation
+    recomputation."""
     from costmodel.recompute import recomputed_calls
+    from hapc.report.pipeline import gathered_weights
 
     pipe = plan.pipeline
     program = plan.program if pipe is None else pipe.stages[0].program if len(pipe.stages) == 1 else None
@@ -56,6 +58,10 @@ def _memory_lever_lines(plan: Plan) -> list[str]:
     if program.recompute:
         lines.append(f"activation recomputation: the program recomputes its {len(recomputed_calls(program))} "
                      "repeated layers in backward (each keeps its input, not its activations)")
+    gathered = gathered_weights(program)
+    if gathered:
+        lines.append(f"ZeRO-3: {len(gathered)} weights stored sharded, gathered whole for use and again in "
+                     "backward")
     if program.state_shares is None:
         return lines
     ranks = range(program.world) if pipe is None else pipe.stages[0].ranks
