@@ -60,13 +60,15 @@ _PACKETS: dict[str, tuple[str, ...]] = {
 }
 
 _CLASS_OF = {packet: cls for cls, packets in _PACKETS.items() for packet in packets}
+# Ops of other libraries' namespaces that models trace into, by full name.
+_LIBRARY_OPS = {"transformers.grouped_mm_fallback.default": "matmul"}
 
 
 def op_class(op: str) -> str:
     """Class of an aten op name (``"aten.linear.default"`` -> ``"matmul"``); unknown ops are elementwise."""
     parts = op.split(".")
     packet = parts[1] if len(parts) >= 3 and parts[0] == "aten" else op
-    return _CLASS_OF.get(packet, "elementwise")
+    return _CLASS_OF.get(packet, _LIBRARY_OPS.get(op, "elementwise"))
 
 
 def uses_tensor_cores(cls: str) -> bool:

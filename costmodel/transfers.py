@@ -17,6 +17,9 @@ R -> P             local: zeros on     local: zeros on ranks > 0
                    ranks > 0
 =================  ==================  =================================================
 
+Nothing moves into or out of ``ExpertRows`` (:class:`hapc.ir.layout.ExpertRows`): only the
+grouped matmuls that read the routing know which rows are whose.
+
 "Local" moves cost memory traffic only: the bytes they write, priced at the device's
 memory bandwidth by the simulator. Values that need no gradient have no backward move.
 """
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 
 from costmodel.collectives import OverlapSends
 from hapc.ir.graph import DTYPE_BYTES, TensorMeta
-from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.layout import Layout, Partial, Replicate, Shard, reachable
 from hapc.ir.program import Compute, DistProgram, Redistribute
 
 
@@ -191,6 +194,8 @@ def _move(program: DistProgram, src_name: str, out_name: str, src: Layout, dst: 
           pieces: LocalBytes) -> Move | None:
     if src == dst:
         return None
+    if not reachable(src, dst):
+        raise ValueError(f"cannot redistribute {src} -> {dst}: expert rows are made and read by ops only")
     if isinstance(src, Shard) and isinstance(dst, Replicate):
         return Move("all_gather", tuple(pieces(src_name, src)))
     if isinstance(src, Partial) and isinstance(dst, Replicate):

@@ -14,10 +14,11 @@ way to get a valid program in tests.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 
 from hapc.ir.graph import Graph, Node
-from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.layout import ExpertRows, Layout, Partial, Replicate, Shard, reachable
 from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
 from synth.space import node_strategies
 
@@ -112,7 +113,10 @@ def _best_source(copies: dict[Layout, str], want: Layout) -> tuple[Layout, str]:
         if isinstance(lay, Shard):
             return 2
         return 3
-    lay = min(copies, key=lambda x: (rank(x), repr(x)))
+    usable = [lay for lay in copies if reachable(lay, want)]
+    if not usable:
+        raise ValueError(f"no copy can become {want!r}: held as {sorted(map(repr, copies))}")
+    lay = min(usable, key=lambda x: (rank(x), repr(x)))
     return lay, copies[lay]
 
 
@@ -121,6 +125,8 @@ def redistribution_penalty(have: Iterable[Layout], want: Layout) -> float:
     have = list(have)
     if want in have:
         return 0.0
+    if not any(reachable(h, want) for h in have):
+        return math.inf      # ExpertRows are made and read by ops only, never moved
     if any(isinstance(h, Replicate) for h in have) and not isinstance(want, Partial):
         return 0.1          # a free slice (keeps a tiny bias towards staying put)
     if isinstance(want, Partial):
@@ -132,6 +138,8 @@ def greedy_score(node: Node, s: Strategy, b: ProgramBuilder) -> float:
     """Propagation's default preference: no redistribution, then sharded outputs (less work
     per rank), and Partial outputs last."""
     cost = sum(redistribution_penalty(b.layouts_of(v), lay) for v, lay in zip(b.refs(node), s.inputs))
+    if any(isinstance(o, ExpertRows) for o in s.outputs) and not any(isinstance(i, ExpertRows) for i in s.inputs):
+        cost += 1e3     # a greedy pass cannot see whether every reader will keep them: never start
     sharded_out = any(isinstance(o, Shard) for o in s.outputs)
     return cost - (0.05 if sharded_out else 0.0) + (0.01 if any(isinstance(o, Partial) for o in s.outputs) else 0.0)
 

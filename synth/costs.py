@@ -15,6 +15,7 @@ block coupling between dimensions is a program-wide detail the final simulation 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ from costmodel.collectives import best_variant, collective_seconds, dual_variant
 from costmodel.compute import node_seconds
 from costmodel.internal import internal_all_reduces
 from hapc.ir.graph import DTYPE_BYTES, Graph, Node, TensorMeta
-from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.layout import Layout, Partial, Replicate, Shard, reachable
 from hapc.ir.program import Strategy
 from hapc.ir.shards import shard_lengths
 
@@ -144,6 +145,8 @@ class Prices:
     def _price_move(self, meta: TensorMeta, needs_grad: bool, src: Layout, dst: Layout) -> MovePrice:
         if src == dst:
             return MovePrice(0.0, "none", "")
+        if not reachable(src, dst):
+            return MovePrice(math.inf, "none", "")
         fwd_kind, back_kind = transfer_kinds(src, dst)
         seconds, variant = 0.0, ""
         if fwd_kind not in ("local", "none"):

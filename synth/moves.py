@@ -17,9 +17,11 @@ import operator
 import weakref
 from collections.abc import Callable
 
-from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.layout import ExpertRows, Layout, Partial, Replicate, Shard
 from hapc.ir.shards import storage_dim
 from synth.space import FREE, PARAM, NodeSpace, SearchSpace, layout_order
+
+EXPERT_ROWS_CODE = 18     # after R 0, P 1 and S(0..15) 2..17; no conversion reaches or leaves it
 
 State = tuple  # layout bitmasks, one per activation live at that point (see MoveTables._live)
 
@@ -32,7 +34,8 @@ class MoveTables:
         self.prices = space.prices
         self.graph = space.graph
         self._param_cache: dict[tuple, tuple[float, Layout]] = {}
-        self.layouts: list[Layout] = [Replicate(), Partial()] + [Shard(d) for d in range(16)]
+        # codes: R 0, P 1, S(d) 2 + d, E 18 (see code())
+        self.layouts: list[Layout] = [Replicate(), Partial()] + [Shard(d) for d in range(16)] + [ExpertRows()]
         # Value ids and signatures, and every table below up to _relax_rows, depend on the graph
         # and the layout-change prices alone: searches at the same prices (the outer loop's
         # overlap assumptions) share them through the Prices object.
@@ -64,6 +67,8 @@ class MoveTables:
     def code(layout: Layout) -> int:
         if isinstance(layout, Replicate):
             return 0
+        if isinstance(layout, ExpertRows):
+            return EXPERT_ROWS_CODE
         if isinstance(layout, Partial):
             return 1
         return 2 + layout.dim

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hapc.ir.graph import Graph, Node, Ref
-from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.layout import ExpertRows, Layout, Partial, Replicate, Shard
 from hapc.ir.program import Strategy
 from hapc.rules.registry import strategies
 from synth.costs import Prices
@@ -275,6 +275,8 @@ def layout_order(layout: Layout) -> tuple:
     """A total order on layouts, for deterministic state keys."""
     if isinstance(layout, Replicate):
         return (0, 0)
+    if isinstance(layout, ExpertRows):
+        return (3, 0)
     if isinstance(layout, Shard):
         return (1, layout.dim)
     assert isinstance(layout, Partial)

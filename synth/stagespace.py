@@ -22,6 +22,7 @@ from costmodel.groups import group_key, sub_cluster
 from costmodel.pipeline import graph_facts
 from hapc.ir.batch import batch_size  # noqa: F401 - re-exported: its home before hapc.ir.batch
 from hapc.ir.graph import Graph
+from hapc.rules.expert_rows import expert_row_values
 
 MAX_CUTS = 48            # cut candidates kept for the DP (evenly by work when there are more)
 CUT_BODY = (0.05, 0.95)  # share of the work where the least live bytes between nodes is looked for
@@ -118,7 +119,8 @@ def cut_candidates(graph: Graph, live_bytes: np.ndarray) -> list[int]:
     if len(reads_param) < 2:
         return [0, n]
     lo, hi = reads_param[0] + 1, reads_param[-1]
-    inner = [i for i in range(lo, hi + 1) if live_bytes[i] > 0]
+    inside = _inside_expert_rows(graph)
+    inner = [i for i in range(lo, hi + 1) if live_bytes[i] > 0 and i not in inside]
     if not inner:
         return [0, n]
     work = np.cumsum([0.0] + [node.cost.fwd_flops + node.cost.bwd_flops + node.cost.fwd_bytes for node in graph.nodes])
@@ -142,3 +144,22 @@ def cut_candidates(graph: Graph, live_bytes: np.ndarray) -> list[int]:
     return [0] + dedup + [n]
 
 
+
+
+def _inside_expert_rows(graph: Graph) -> set[int]:
+    """Positions a value that may be held as expert rows lives across (between two grouped
+    matmuls of a mixture of experts): only the grouped matmuls know which rows are whose, so
+    no stage can send such a value to the next (:class:`hapc.ir.layout.ExpertRows`)."""
+    rows = expert_row_values(graph)
+    if not rows:
+        return set()
+    made: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for ref in node.input_refs():
+            if ref in rows:
+                last[ref] = i
+        for out in node.outputs:
+            if out in rows:
+                made[out] = i
+    return {i for v, start in made.items() for i in range(start + 1, last.get(v, start) + 1)}

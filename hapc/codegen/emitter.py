@@ -40,7 +40,7 @@ from hapc.ir.blocks import Block, find_blocks
 from hapc.codegen.indexed import literal, render_dict, render_tuple
 from hapc.codegen.sync_tables import grad_sync_order, low_gathers, state_rows
 from hapc.ir.graph import Node, Ref
-from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.layout import Layout, Partial, Replicate, Shard, reachable
 from hapc.ir.program import Compute, DistProgram, Redistribute, empty_ranks
 from hapc.frontend.torchfacts import Facts
 
@@ -473,6 +473,8 @@ def _redistribute(program: DistProgram, step: Redistribute, names: _Names, clust
     form = runtime_facts.method_of(method)
     if src == dst:
         return [f"    {y} = {x}   # {what}, nothing moves"]
+    if not reachable(src, dst):
+        raise ValueError(f"cannot emit a redistribution {src!r} -> {dst!r}")
     if isinstance(src, Shard) and isinstance(dst, Replicate):
         return [f"    # {what}, all-gather ({form}); backward reduce-scatters",
                 f"    {y} = rt.all_gather({x}, {step.src!r}, {method!r})"]

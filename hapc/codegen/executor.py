@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from hapc.ir.graph import Node, Ref
-from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.layout import Layout, Partial, Replicate, Shard, reachable
 from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy, empty_ranks
 from hapc.runtime import random_ops
 from hapc.runtime.local_ops import (LOCAL_OPS, Collective, RankCtx, ShardInfo, empty_piece_result,
@@ -115,6 +115,8 @@ def redistribute(program: DistProgram, step: Redistribute, pieces: Pieces) -> Pi
     world = program.world
     if src == dst:
         return list(pieces)
+    if not reachable(src, dst):
+        raise ValueError(f"cannot redistribute {src} -> {dst}")
     if isinstance(src, Shard):
         full = torch.cat(pieces, dim=src.dim)
     elif isinstance(src, Partial):

@@ -42,7 +42,7 @@ from hapc.errors import UserError
 from hapc.codegen.micro_graph import (  # noqa: F401 - re-exported: this module's interface before the split
     MicroTrace, drawing_nodes, loss_split_of, micro_batch_dims, micro_batch_graph)
 from hapc.ir.graph import Graph, Ref
-from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.layout import ExpertRows, Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute
 from hapc.codegen import runtime_facts
 from hapc.codegen.recompute_segments import recomputed_segments, render_segment
@@ -146,6 +146,8 @@ def _stage_code(program: DistProgram, first: int, stop: int, ranks: tuple[int, .
 
 
 def _layout_code(layout: Layout) -> str:
+    if isinstance(layout, ExpertRows):     # synth.stagespace never cuts where such a value lives
+        raise ValueError("a stage cannot send expert rows: only the grouped matmuls know whose they are")
     if isinstance(layout, Shard):
         return "S"
     if isinstance(layout, Partial):

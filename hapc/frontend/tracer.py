@@ -32,6 +32,8 @@ from hapc.frontend.quiet import quiet_torch
 from hapc.frontend.saved import record_saved
 from hapc.frontend.torchfacts import record as record_torch_facts, resolve_op
 from hapc.ir.graph import Cost, Graph, Node, Ref, SourceLoc, TensorMeta, Value
+from hapc.rules.expert_rows import GROUPED_MM_OPS
+from hapc.rules.ops_grouped_mm import grouped_mm_flops
 from hapc.runtime.random_ops import RANDOM_OPS
 
 # Ops that only reinterpret memory: they move no bytes.
@@ -487,6 +489,9 @@ def _node_cost(graph: Graph, node: Node) -> Cost:
 
 
 def _counted_flops(graph: Graph, node: Node) -> tuple[float, float]:
+    if node.op in GROUPED_MM_OPS:      # a library's op: torch's counter does not know it
+        (rows, inner), (_, _, cols) = (graph.meta(r).shape for r in node.input_refs()[:2])
+        return grouped_mm_flops(rows, inner, cols)
     op = resolve_op(node.op)
     if op is None:
         return 0.0, 0.0

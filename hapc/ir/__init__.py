@@ -1,12 +1,15 @@
 """The instruction IR (traced graph), tensor layouts and shard arithmetic: the bottom layer."""
 
 from hapc.ir.graph import Arg, Cost, Graph, Node, Ref, SourceLoc, TensorMeta, TorchFacts, Value
-from hapc.ir.layout import Layout, P, Partial, R, Replicate, Shard, grad_layout, parse_layout
+from hapc.ir.layout import (E, ExpertRows, Layout, P, Partial, R, Replicate, Shard, grad_layout, parse_layout,
+                            reachable)
 from hapc.ir.shards import largest_remainder, offsets, shard_lengths
 
 __all__ = [
     "Arg",
     "Cost",
+    "E",
+    "ExpertRows",
     "Graph",
     "Layout",
     "Node",
@@ -24,5 +27,6 @@ __all__ = [
     "largest_remainder",
     "offsets",
     "parse_layout",
+    "reachable",
     "shard_lengths",
 ]

@@ -23,7 +23,7 @@ from math import gcd
 from typing import Any, Union
 
 from hapc.ir.graph import Graph
-from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.layout import ExpertRows, Layout, Partial, Replicate, Shard
 from hapc.ir.shards import offsets, shard_lengths
 
 
@@ -247,7 +247,8 @@ def empty_ranks(program: DistProgram, step: Compute) -> list[int]:
     all pieces or summands; such a rank computes zeros (``hapc.runtime.local_ops.empty_piece_result``)."""
     strat = step.strategy
     if strat.local is not None or any(isinstance(o, Replicate) for o in strat.outputs) \
-            or any(isinstance(x, Partial) for x in strat.inputs):   # a summand (a bias) still adds in
+            or any(isinstance(x, Partial) for x in strat.inputs) \
+            or any(isinstance(x, ExpertRows) for x in strat.inputs):   # the routing sizes those pieces
         return []
     sharded = [(v, lay.dim) for v, lay in zip(step.inputs, strat.inputs) if isinstance(lay, Shard)]
     if not sharded:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from hapc.ir.graph import Graph, Node, Ref, TensorMeta, Value
-from hapc.ir.layout import Layout, Partial, Replicate, Shard
+from hapc.ir.layout import ExpertRows, Layout, Partial, Replicate, Shard
 from hapc.ir.program import Compute, DistProgram, Redistribute, Strategy
 from hapc.rules.registry import Rule, Sample, rules, strategies
 from hapc.runtime.random_ops import RANDOM_OPS, draw
@@ -106,7 +106,8 @@ def check_strategy(op: str, sample: Sample, strategy: Strategy, shares: Sequence
         read.append(f"{ref}@{i}")
         prog.steps.append(Redistribute(ref, read[-1], Replicate(), lay))
     prog.steps.append(Compute("n", strategy, tuple(read)))
-    env = {name: _pieces(prog, name, globals_[graph.inputs.index(ref)], lay, gen)
+    owners = _row_owners(prog, sample, globals_, read, gen)
+    env = {name: _pieces(prog, name, globals_[graph.inputs.index(ref)], lay, gen, owners)
            for name, ref, lay in zip(read, node.input_refs(), strategy.inputs)}
     try:
         outs = _compute(prog, node, prog.steps[-1], env, seed=1)
@@ -117,7 +118,7 @@ def check_strategy(op: str, sample: Sample, strategy: Strategy, shares: Sequence
     dist_total = ref_total = 0.0
     for name, lay, pieces, ref in zip(node.outputs, strategy.outputs, outs, ref_out):
         try:
-            full = _assemble(prog, name, lay, pieces)
+            full = _assemble(prog, name, lay, pieces, owners)
         except AssertionError as exc:       # ranks disagree on a replicated output
             return str(exc)
         if full.shape != ref[0].shape:
@@ -163,8 +164,28 @@ def _reference(op: str, node: Node, graph: Graph, globals_: list[torch.Tensor]) 
                     {n: [t] for n, t in zip(graph.inputs, globals_)}, seed=1)
 
 
-def _pieces(prog: DistProgram, name: str, full: torch.Tensor, layout: Layout, gen) -> list[torch.Tensor]:
+def _row_owners(prog: DistProgram, sample: Sample, globals_: list[torch.Tensor], read: list[str],
+                gen) -> Callable[[int], torch.Tensor]:
+    """For ``rows`` rows of ``ExpertRows``, the rank holding each (see
+    ``Sample.owners``): at random (the same for every input of ``rows`` rows), or the rank
+    holding the row's expert."""
+    if sample.owners == "experts":
+        weight = next(i for i, t in enumerate(globals_) if t.dim() == 3)
+        offsets = next(t for t in globals_ if t.dim() == 1 and not t.is_floating_point()).to(torch.int64)
+        experts = torch.tensor(prog.lengths(read[weight], 0))
+        expert_owner = torch.repeat_interleave(torch.arange(prog.world), experts)
+        by_row = torch.repeat_interleave(expert_owner, torch.diff(offsets, prepend=offsets.new_zeros(1)))
+        return lambda rows: by_row[:rows]
+    drawn: dict[int, torch.Tensor] = {}
+    return lambda rows: drawn.setdefault(rows, torch.randint(0, prog.world, (rows,), generator=gen))
+
+
+def _pieces(prog: DistProgram, name: str, full: torch.Tensor, layout: Layout, gen,
+            owners: Callable[[int], torch.Tensor] | None = None) -> list[torch.Tensor]:
     world = prog.world
+    if isinstance(layout, ExpertRows):  # each rank its owned rows, in order
+        owner = owners(full.shape[0])
+        return [full[owner == r] for r in range(world)]
     if isinstance(layout, Replicate):
         return [full] * world
     if isinstance(layout, Shard):
@@ -177,7 +198,16 @@ def _pieces(prog: DistProgram, name: str, full: torch.Tensor, layout: Layout, ge
     raise ValueError(layout)
 
 
-def _assemble(prog: DistProgram, name: str, layout: Layout, pieces: list[torch.Tensor]) -> torch.Tensor:
+def _assemble(prog: DistProgram, name: str, layout: Layout, pieces: list[torch.Tensor],
+              owners: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    if isinstance(layout, ExpertRows):  # each rank's rows back in their places
+        owner = owners(sum(p.shape[0] for p in pieces))
+        if [int((owner == r).sum()) for r in range(len(pieces))] != [p.shape[0] for p in pieces]:
+            raise AssertionError("ExpertRows output: a rank holds other rows than its experts'")
+        full = pieces[0].new_zeros((len(owner), *pieces[0].shape[1:]))
+        for r, p in enumerate(pieces):
+            full = full.index_put((torch.nonzero(owner == r).flatten(),), p)
+        return full
     if isinstance(layout, Shard):
         return torch.cat(pieces, dim=layout.dim)
     if isinstance(layout, Partial):
@@ -243,5 +273,7 @@ def matching_ops(names: Sequence[str]) -> list[str]:
 
 
 def _aten(op: str):
-    _, packet, overload = op.split(".", 2)
-    return getattr(getattr(torch.ops.aten, packet), overload)
+    """The torch op of a rule's name: ``aten.mm.default``, or another namespace's
+    (``transformers.grouped_mm_fallback.default``, registered by importing its library)."""
+    namespace, packet, overload = op.split(".", 2)
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)

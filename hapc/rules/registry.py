@@ -19,6 +19,7 @@ from typing import Any
 from hapc.ir.graph import Graph, Node
 from hapc.ir.layout import R
 from hapc.ir.program import Strategy
+from hapc.rules.expert_rows import expert_row_strategies
 
 RuleFn = Callable[[Node, Graph], list["Strategy"]]
 
@@ -32,6 +33,10 @@ class Sample:
     # Positions (among the sample's tensors, in order) of float tensors that take no
     # gradient, such as class weights of a loss.
     frozen: tuple[int, ...] = ()
+    # Who holds which rows of an ExpertPartial input (hapc.ir.layout) in a check: "any" (each
+    # row on a random rank) or "experts" (each row on the rank holding its expert: the
+    # sample's 3-D weight sharded on its first dim, over its 1-D offsets).
+    owners: str = "any"
 
 
 @dataclass
@@ -85,7 +90,7 @@ def strategies(node: Node, graph: Graph) -> list[Strategy]:
     found = rule.fn(node, graph) if rule else []
     # A rule may bring its own all-Replicate strategy (dropout does, to draw masks its own way).
     out = [] if any(s.is_replicated for s in found) else [replicated(node)]
-    for s in found:
+    for s in found + expert_row_strategies(node, graph):
         if s not in out:
             out.append(s)
     return out

@@ -435,3 +435,54 @@ def scatter_reduce_into_piece(ctx: RankCtx, x: torch.Tensor, dim: int, index: to
 def index_add_into_piece(ctx: RankCtx, x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor,
                          alpha: Any = 1) -> torch.Tensor:
     return _into_piece(ctx, torch.index_add, x, index, source, alpha=alpha)
+
+
+def _op_named(name: str):
+    """The torch op a node's name says (``transformers.grouped_mm_fallback.default``): a rank
+    runs the very kernel the model runs, on its piece."""
+    namespace, packet, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+
+
+def _expert_rows(ctx: RankCtx, x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """This rank's experts' rows of a grouped matmul: ``weight`` holds its experts; ``x`` is
+    whole, or already only those rows (an ``ExpertRows`` input, shorter than the whole)."""
+    info = ctx.inputs[1]
+    first, count = info.offset, info.length
+    rows = ctx.out_shapes[0][0]
+    ends = offs.to(torch.int64)
+    start = int(ends[first - 1]) if first > 0 else 0
+    stop = int(ends[first + count - 1]) if count else start
+    if x.shape[0] == rows:
+        x = x[start:stop]
+    if count == 0:
+        return x.new_zeros(0, ctx.out_shapes[0][1]) + (x.sum() + weight.sum()) * 0
+    return _op_named(ctx.op)(x, weight, (offs[first:first + count] - start).to(offs.dtype))
+
+
+@local_op
+def grouped_mm_experts(ctx: RankCtx, x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """A grouped matmul with the experts sharded, as ``ExpertRows``: only the rows routed to
+    this rank's experts, multiplied here."""
+    return _expert_rows(ctx, x, weight, offs)
+
+
+@local_op
+def grouped_mm_experts_padded(ctx: RankCtx, x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """A grouped matmul with the experts sharded, as a ``Partial``: this rank's experts' rows in
+    their places, zeros in the others' (whose owners fill them)."""
+    mine = _expert_rows(ctx, x, weight, offs)
+    info = ctx.inputs[1]
+    ends = offs.to(torch.int64)
+    start = int(ends[info.offset - 1]) if info.offset > 0 else 0
+    after = ctx.out_shapes[0][0] - start - mine.shape[0]
+    return torch.cat([mine.new_zeros(start, mine.shape[1]), mine, mine.new_zeros(after, mine.shape[1])])
+
+
+@local_op
+def grouped_mm_rows(ctx: RankCtx, x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """A grouped matmul on this rank's stretch of the expert-sorted rows, every expert whole:
+    the experts' offsets shifted to the stretch and clipped to it."""
+    info = ctx.inputs[0]
+    local = (offs.to(torch.int64) - info.offset).clamp(0, info.length).to(offs.dtype)
+    return _op_named(ctx.op)(x, weight, local)
