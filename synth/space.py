@@ -25,6 +25,7 @@ from typing import Any
 from hapc.ir.graph import Graph, Node, Ref
 from hapc.ir.layout import ExpertRows, Layout, Partial, Replicate, Shard
 from hapc.ir.program import Strategy
+from hapc.rules.expert_rows import expert_row_values
 from hapc.rules.registry import strategies
 from synth.costs import Prices
 
@@ -202,9 +203,13 @@ def cost_key(graph: Graph, node: Node) -> tuple:
             return tuple(anon(x) for x in a)
         return repr(a)
 
-    return (node.op, anon(node.args), tuple((k, anon(v)) for k, v in node.kwargs.items()),
-            tuple((graph.meta(r), graph.values[r].requires_grad, graph.values[r].kind) for r in slot),
-            tuple((graph.meta(o), graph.values[o].requires_grad) for o in node.outputs))
+    key = (node.op, anon(node.args), tuple((k, anon(v)) for k, v in node.kwargs.items()),
+           tuple((graph.meta(r), graph.values[r].requires_grad, graph.values[r].kind) for r in slot),
+           tuple((graph.meta(o), graph.values[o].requires_grad) for o in node.outputs))
+    rows = expert_row_values(graph)      # a cast between two grouped matmuls has more choices
+    if rows:
+        key += (tuple(r in rows for r in slot) + tuple(o in rows for o in node.outputs),)
+    return key
 
 
 LONG_SEGMENT = 24  # nodes: a segment longer than this is also cut where two activations are live
