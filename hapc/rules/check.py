@@ -169,12 +169,14 @@ def _row_owners(prog: DistProgram, sample: Sample, globals_: list[torch.Tensor],
     """For ``rows`` rows of ``ExpertRows``, the rank holding each (see
     ``Sample.owners``): at random (the same for every input of ``rows`` rows), or the rank
     holding the row's expert."""
-    if sample.owners == "experts":
-        weight = next(i for i, t in enumerate(globals_) if t.dim() == 3)
-        offsets = next(t for t in globals_ if t.dim() == 1 and not t.is_floating_point()).to(torch.int64)
-        experts = torch.tensor(prog.lengths(read[weight], 0))
-        expert_owner = torch.repeat_interleave(torch.arange(prog.world), experts)
-        by_row = torch.repeat_interleave(expert_owner, torch.diff(offsets, prepend=offsets.new_zeros(1)))
+    if sample.owners in ("experts", "routed"):
+        table = 0 if sample.owners == "routed" else next(i for i, t in enumerate(globals_) if t.dim() == 3)
+        ints = next(t for t in globals_ if t.dim() == 1 and not t.is_floating_point()).to(torch.int64)
+        expert_owner = torch.repeat_interleave(torch.arange(prog.world), torch.tensor(prog.lengths(read[table], 0)))
+        if sample.owners == "routed":          # the sorted expert id of every row
+            by_row = expert_owner[ints]
+        else:                                  # the cumulative row counts of the experts
+            by_row = torch.repeat_interleave(expert_owner, torch.diff(ints, prepend=ints.new_zeros(1)))
         return lambda rows: by_row[:rows]
     drawn: dict[int, torch.Tensor] = {}
     return lambda rows: drawn.setdefault(rows, torch.randint(0, prog.world, (rows,), generator=gen))

@@ -33,9 +33,10 @@ class Sample:
     # Positions (among the sample's tensors, in order) of float tensors that take no
     # gradient, such as class weights of a loss.
     frozen: tuple[int, ...] = ()
-    # Who holds which rows of an ExpertPartial input (hapc.ir.layout) in a check: "any" (each
-    # row on a random rank) or "experts" (each row on the rank holding its expert: the
-    # sample's 3-D weight sharded on its first dim, over its 1-D offsets).
+    # Who holds which rows of ExpertRows (hapc.ir.layout) in a check: "any" (each row on a
+    # random rank) or the rank holding the row's expert, by the sample's 3-D weight sharded on
+    # its first dim and its 1-D offsets ("experts"), or by its first tensor sharded on its first
+    # dim and its 1-D sorted expert ids ("routed").
     owners: str = "any"
 
 

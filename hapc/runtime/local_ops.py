@@ -486,3 +486,13 @@ def grouped_mm_rows(ctx: RankCtx, x: torch.Tensor, weight: torch.Tensor, offs: t
     info = ctx.inputs[0]
     local = (offs.to(torch.int64) - info.offset).clamp(0, info.length).to(offs.dtype)
     return _op_named(ctx.op)(x, weight, local)
+
+
+@local_op
+def index_expert_rows(ctx: RankCtx, table: torch.Tensor, indices: Any) -> torch.Tensor:
+    """``table[ids]`` for the rows of this rank's experts (``table`` holds their rows, ``ids``
+    are the routing's sorted expert ids), as ``ExpertRows``."""
+    info = ctx.inputs[0]
+    ids = indices[0]
+    mine = (ids >= info.offset) & (ids < info.offset + info.length)
+    return table[ids[mine] - info.offset]

@@ -3,7 +3,7 @@ multiplies only the tokens routed to them (``ExpertRows`` from the up projection
 projection, a ``Partial`` after it).
 
 * in process, float64: the expert-parallel program against one device, on 2-10 ranks (more
-  ranks than experts too), uneven;
+  ranks than experts too), uneven, and for five more families (tests/e2e/families/moe_families.py);
 * the search picks it for a Mixtral of a quarter of 8x7B's width on 4 and 8 GPUs;
 * slow: the emitted program under torchrun on 3 uneven gloo ranks prints ``verify: ok``.
 """
@@ -42,7 +42,8 @@ def expert_parallel_program(graph, shares):
     from synth.builder import greedy_score, propagate
 
     def score(node, strategy, builder):
-        starts = strategy.local == "grouped_mm_experts" and isinstance(strategy.inputs[0], Replicate)
+        starts = (strategy.local == "grouped_mm_experts" and isinstance(strategy.inputs[0], Replicate)) \
+            or strategy.local == "index_expert_rows"
         ends = strategy.local == "grouped_mm_experts_padded" and isinstance(strategy.inputs[0], ExpertRows)
         keeps = any(isinstance(x, ExpertRows) for x in strategy.inputs)
         return greedy_score(node, strategy, builder) - (1e4 if starts or ends or keeps else 0.0)
@@ -64,6 +65,26 @@ def test_expert_parallel_mixtral_matches_one_device(mixtral, shares):
     assert _expert_steps(program) == ["grouped_mm_experts", "grouped_mm_experts_padded"] * 2
     got = run(program, traced, module.inputs(), dtype=torch.float64)
     want = run(replicated_program(traced.graph), traced, module.inputs(), dtype=torch.float64)
+    assert abs(got.loss.item() - want.loss.item()) < 1e-10
+    assert max((got.grads[k] - want.grads[k]).abs().max().item() for k in want.grads) < 1e-10
+
+
+@pytest.mark.parametrize("family", ["olmoe", "qwen2_moe", "granitemoe", "deepseek_v3", "gpt_oss"])
+def test_every_grouped_matmul_family_is_expert_parallel_and_exact(family):
+    """Shared experts, latent attention, expert biases looked up by the sorted expert ids and a
+    clamped gated activation (GPT-OSS) all stay exact on 3 uneven ranks."""
+    sys.path.insert(0, str(FAMILIES))
+    import moe_families
+
+    import hapc
+    from hapc.codegen.executor import replicated_program, run
+
+    torch.manual_seed(0)
+    traced = hapc.trace(moe_families.model(family), moe_families.inputs(family))
+    program = expert_parallel_program(traced.graph, (0.5, 0.3, 0.2))
+    assert _expert_steps(program) == ["grouped_mm_experts", "grouped_mm_experts_padded"]
+    got = run(program, traced, moe_families.inputs(family), dtype=torch.float64)
+    want = run(replicated_program(traced.graph), traced, moe_families.inputs(family), dtype=torch.float64)
     assert abs(got.loss.item() - want.loss.item()) < 1e-10
     assert max((got.grads[k] - want.grads[k]).abs().max().item() for k in want.grads) < 1e-10
 
@@ -90,16 +111,24 @@ def test_the_search_shards_a_wide_mixtral_by_expert(cluster, tmp_path):
 
 
 @pytest.mark.slow
-def test_expert_parallel_program_verifies_on_three_uneven_gloo_ranks(mixtral, tmp_path):
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
+def test_expert_parallel_program_verifies_on_three_uneven_gloo_ranks(family, tmp_path):
     from costmodel.cluster import load_cluster
+    import hapc
     from hapc.codegen import emit
     from tests.e2e.test_families_encdec import UNEVEN
     from tests.runs import torchrun, verify_line
 
-    _, traced = mixtral
+    sys.path.insert(0, str(FAMILIES))
+    import mixtral
+    import moe_families
+
+    module, kwargs = (mixtral, {"layers": 2}) if family == "mixtral" else (moe_families, {"family": family})
+    torch.manual_seed(0)
+    traced = hapc.trace(module.model(**kwargs), module.inputs(**({} if family == "mixtral" else kwargs)))
     cluster = load_cluster(UNEVEN)
     program = expert_parallel_program(traced.graph, tuple(cluster.flops_shares()))
-    path = emit(program, str(FAMILIES / "mixtral.py"), str(tmp_path), model_kwargs={"layers": 2},
+    path = emit(program, str(FAMILIES / f"{module.__name__}.py"), str(tmp_path), model_kwargs=kwargs,
                 cluster=cluster, constants=traced.constants)
     assert "L.grouped_mm_experts(" in Path(path).read_text()
     proc = torchrun(Path(path), 3, "--verify", "--steps", "2", timeout=600)

@@ -97,3 +97,13 @@ def test_the_expert_mlp_between_two_grouped_matmuls_may_stay_on_expert_rows(mixt
     assert between and all(any(E in s.inputs for s in strategies(n, graph)) for n in between)
     # Nodes far from the experts see no such choice.
     assert not any(E in s.inputs + s.outputs for n in graph.nodes[:20] for s in strategies(n, graph))
+
+
+@pytest.mark.parametrize("shares", [(0.5, 0.3, 0.2), (0.1,) * 7])
+def test_a_routed_lookup_takes_the_rows_of_its_experts(shares):
+    """GPT-OSS's expert biases, ``bias[sorted expert ids]``: each rank its experts' rows."""
+    ids = torch.tensor([0, 0, 0, 2, 2, 2, 2, 3, 3, 4])
+    sample = Sample((T(5, 7), [ids]), owners="routed")
+    strategy = Strategy((Shard(0), R), (E,), local="index_expert_rows")
+    assert check_strategy("aten.index.Tensor", sample, strategy, shares) is None
+    assert check_strategy("aten.index.Tensor", Sample((T(5, 7), [ids]), owners="any"), strategy, shares) is not None
