@@ -7,7 +7,7 @@ PIP    := $(VENV)/bin/pip
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-all test-torch lint rules-check fuzz bench bench-gpu golden clean
+.PHONY: install demo test test-all test-torch lint rules-check fuzz bench bench-gpu sweep golden clean
 
 # Bytecode of our packages, written as installing a wheel writes it: an editable install ships
 # none, and with PYTHONDONTWRITEBYTECODE=1 (set in some sandboxes and containers) every command
@@ -71,6 +71,11 @@ bench-gpu: install
 	$(PY) -m bench.gpu
 
 # Refresh the golden plans that tests/plan/test_golden.py checks with `hapc check`; prints what changed.
+# Compile every family of bench/zoo.py (mixtures of experts, state space, masked autoencoders,
+# drop paths, contrastive, seq2seq) for 3 uneven CPU ranks and run each with --verify (~8 minutes).
+sweep: install
+	$(PY) -m bench.family_sweep
+
 golden: install
 	$(PY) -m bench.golden
 

@@ -1,0 +1,26 @@
+"""The family sweep (``make sweep``, bench/family_sweep.py) on one family, end to end: a user's
+``hapc compile`` of a mixture of experts for 3 uneven CPU ranks, expert parallel, then its
+program under torchrun with ``--verify``. Slow: one compile and one torchrun."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+
+@pytest.mark.slow
+def test_the_sweep_compiles_and_verifies_a_mixture_of_experts(tmp_path):
+    from bench.family_sweep import sweep_one
+
+    row = sweep_one("olmoe", tmp_path)
+    assert row["status"] == "verify: ok", row
+    assert row["experts"] > 0, "the plan holds no expert-parallel step"
+
+
+def test_every_zoo_family_builds_and_has_a_batch():
+    from bench.zoo import FAMILIES, inputs
+
+    for family in FAMILIES:
+        batch = inputs(family)
+        assert batch and all(t.shape[0] == 5 for t in batch), family
