@@ -1,8 +1,9 @@
 """Sweep the Hugging Face families of ``bench/zoo.py`` as a new user would: ``hapc compile`` for
 3 CPU ranks of uneven speed, then the emitted program under torchrun with ``--verify``.
 
-    .venv/bin/python -m bench.family_sweep                 # every family (~10 minutes on 2 cores)
+    .venv/bin/python -m bench.family_sweep                 # every family (~8 minutes on 2 cores)
     .venv/bin/python -m bench.family_sweep olmoe mamba      # some
+    .venv/bin/python -m bench.family_sweep --pipelined      # 2 stages x 2 micro-batches on 2 nodes
 
 Each family ends as one of: ``verify: ok``, ``verify FAILED`` (a plan that trains another model:
 the worst defect), ``refused`` (the compile's one-line error, exit 2: torch.export itself refusing
@@ -32,15 +33,21 @@ UNEVEN3 = {"name": "cpu3-uneven", "nodes": [{
     "intra_link": "loopback"}]}
 
 
-def sweep_one(family: str, work: Path, timeout: float = 600.0) -> dict:
-    """Compile ``family`` and run its program with ``--verify``; what happened, in one row."""
+def sweep_one(family: str, work: Path, timeout: float = 600.0, pipelined: bool = False) -> dict:
+    """Compile ``family`` and run its program with ``--verify``; what happened, in one row.
+    ``pipelined``: 6 samples in 2 stages of 2 micro-batches on two nodes of 2 CPU ranks each
+    (``configs/clusters/cpu-2nodes-2x2.yaml``), instead of one stage on 3 uneven ranks."""
     out = work / family
-    cluster = work / "cpu3-uneven.yaml"
-    cluster.write_text(yaml.safe_dump(UNEVEN3))
+    if pipelined:
+        cluster, ranks = ROOT / "configs" / "clusters" / "cpu-2nodes-2x2.yaml", 4
+        extra = ["--set", "batch=6", "--stages", "2", "--microbatches", "2"]
+    else:
+        cluster, ranks, extra = work / "cpu3-uneven.yaml", 3, []
+        cluster.write_text(yaml.safe_dump(UNEVEN3))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     started = time.perf_counter()
     compiled = subprocess.run([sys.executable, "-m", "hapc.cli", "compile", str(ZOO), "--set", f"family={family}",
-                               "--cluster", str(cluster), "-o", str(out), "--quiet"],
+                               *extra, "--cluster", str(cluster), "-o", str(out), "--quiet"],
                               capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
     row = {"family": family, "compile_s": time.perf_counter() - started, "experts": 0}
     if compiled.returncode != 0:
@@ -51,7 +58,7 @@ def sweep_one(family: str, work: Path, timeout: float = 600.0) -> dict:
     program = out / "program.py"
     row["experts"] = len(re.findall(r"L\.grouped_mm_experts", program.read_text()))
     started = time.perf_counter()
-    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3",
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
                           str(program), "--verify", "--steps", "2"],
                          capture_output=True, text=True, env=env, timeout=timeout, cwd=out)
     row["run_s"] = time.perf_counter() - started
@@ -71,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m bench.family_sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("families", nargs="*", help=f"default: all of {', '.join(FAMILIES)}")
+    parser.add_argument("--pipelined", action="store_true",
+                        help="2 stages x 2 micro-batches of 3 samples on 2 nodes of 2 CPU ranks")
     args = parser.parse_args(argv)
     unknown = [f for f in args.families if f not in FAMILIES]
     if unknown:
@@ -78,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="hapc-sweep-") as tmp:
         for family in args.families or list(FAMILIES):
-            row = sweep_one(family, Path(tmp))
+            row = sweep_one(family, Path(tmp), pipelined=args.pipelined)
             rows.append(row)
             print(f"{family:12s} {row['status']:14s} experts {row['experts']}  compile {row['compile_s']:5.1f} s  "
                   f"{row.get('detail', '')}", flush=True)

@@ -123,23 +123,23 @@ FAMILIES: dict[str, tuple[Callable[[], torch.nn.Module], str]] = {
 }
 
 
-def model(family: str = "olmoe") -> torch.nn.Module:
+def model(family: str = "olmoe", batch: int = BATCH) -> torch.nn.Module:
     build, _ = FAMILIES[family]
     return build()
 
 
-def inputs(family: str = "olmoe") -> tuple[torch.Tensor, ...]:
-    """One batch, from a fixed generator (every rank builds the same)."""
+def inputs(family: str = "olmoe", batch: int = BATCH) -> tuple[torch.Tensor, ...]:
+    """One batch of ``batch`` samples, from a fixed generator (every rank builds the same)."""
     gen = torch.Generator().manual_seed(0)
     kind = FAMILIES[family][1]
-    pixels = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=gen)
+    pixels = torch.randn(batch, 3, IMAGE, IMAGE, generator=gen)
     if kind == "lm":
-        ids = torch.randint(2, VOCAB, (BATCH, SEQ), generator=gen)
+        ids = torch.randint(2, VOCAB, (batch, SEQ), generator=gen)
         return ids, ids.clone()
     if kind == "pixels":
         return (pixels,)
     if kind == "segmentation":
-        return pixels, torch.randint(0, 3, (BATCH, IMAGE, IMAGE), generator=gen)
+        return pixels, torch.randint(0, 3, (batch, IMAGE, IMAGE), generator=gen)
     if kind == "contrastive":
-        return torch.randint(2, VOCAB, (BATCH, SEQ), generator=gen), pixels
-    return pixels, torch.randint(0, 3, (BATCH,), generator=gen)
+        return torch.randint(2, VOCAB, (batch, SEQ), generator=gen), pixels
+    return pixels, torch.randint(0, 3, (batch,), generator=gen)

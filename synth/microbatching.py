@@ -12,7 +12,9 @@ is its own until the loss, and the loss adds the samples' terms in a known way:
   counted targets of the whole batch, known only from the data. Each micro-batch's loss weighs
   ``count_k``, and the step divides the sum (and every gradient) by the total count.
 
-Anything else couples samples: a contrastive loss (every sample against every other), batch
+Sorting the batch's tokens by routed expert (a mixture of experts) couples none, when each
+token's result comes from its own row (:mod:`synth.routed_tokens`). Anything else couples
+samples: a contrastive loss (every sample against every other), batch
 statistics (training-mode batch norm), a mean over the batch taken before a non-linear op, a
 scan along the batch. Micro-batching those computes another model, so it is refused, naming the
 op and its source line.
@@ -33,6 +35,8 @@ from hapc.errors import UserError
 from hapc.ir.graph import Graph, Node
 from hapc.ir.layout import Layout, Partial, Replicate, Shard
 from hapc.ir.program import Strategy
+from synth.routed_tokens import WHY as ROUTING_WHY
+from synth.routed_tokens import Routed, routed_outputs, starts_routing
 
 MEAN, SUM, COUNT = "mean", "sum", "count"
 
@@ -91,9 +95,20 @@ def loss_split(graph: Graph, batch: int | None = None) -> LossSplit:
     for node in graph.nodes:
         refs = node.input_refs()
         held = [state.get(r) for r in refs]
+        if any(isinstance(h, Routed) for h in held):     # tokens sorted by expert (synth.routed_tokens)
+            outs = routed_outputs(node, graph, held)
+            if outs is None:
+                where = f" at {node.source}" if node.source else ""
+                raise MicroBatchingRefused(f"{node.op} ({node.name}){where} {ROUTING_WHY}: micro-batches would "
+                                           "compute another loss; use --microbatches 1")
+            state.update(zip(node.outputs, outs))
+            continue
         if all(h is None for h in held):       # the same for every sample (weights, positions, masks)
             continue
         strategy = _per_sample_strategy(graph, node, refs, held, batch)
+        if strategy is None and starts_routing(node, graph, held[0].dim if isinstance(held[0], _Batch) else None):
+            state[node.outputs[0]], state[node.outputs[1]] = Routed("rows"), Routed("perm")
+            continue
         if strategy is None:
             raise MicroBatchingRefused(_why(node, held))
         summed = frozenset().union(*(h.kinds for h in held if isinstance(h, _Summed)))

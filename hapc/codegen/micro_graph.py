@@ -161,16 +161,19 @@ def _described(name: str, graph: Graph) -> str:
 
 
 def drawing_nodes(graph: Graph) -> list[tuple[str, str]]:
-    """(op, node) of every node that draws random numbers, in graph order: random ops, dropout
-    with p > 0 in training, attention with dropout; what ``--verify``'s one-device reference
-    replays, one call each (a pipeline's ranks run them once per micro-batch)."""
+    """(op, node) of every node that draws random numbers, in graph order: random ops, every
+    dropout, attention with dropout; what ``--verify``'s one-device reference replays, one call
+    each (a pipeline's ranks run them once per micro-batch). A dropout of p = 0 (or out of
+    training) draws nothing but is listed all the same: the reference takes the k-th node for
+    its k-th ``F.dropout`` call whatever its p, as a one-stage program's ``Rank.ran`` lists every
+    dropout it ran; leaving it out gave every later dropout of a pipeline's reference the mask
+    of the next node (Pegasus, whose activation dropout is 0: ``verify: FAILED``)."""
     return [(node.op, node.name) for node in graph.nodes if _draws(node)]
 
 
 def _draws(node: Node) -> bool:
     if node.op == "aten.dropout.default":
-        p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
-        return bool(node.kwargs.get("train", node.args[2] if len(node.args) > 2 else True) and p)
+        return True
     if node.op == "aten.scaled_dot_product_attention.default":
         return bool(node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4 else 0.0))
     return node.op in runtime_facts.random_ops()

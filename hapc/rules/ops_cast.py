@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from hapc.ir.graph import Graph, Node
-from hapc.ir.layout import P, R
+from hapc.ir.layout import P, R, Shard
 from hapc.ir.program import Strategy
 from hapc.rules.registry import Sample, register
 from hapc.rules.samples import Ids, T
@@ -23,13 +23,20 @@ from hapc.rules.spec import pointwise_strategies
 
 @register(["aten.type_as.default", "aten.to.other"], samples=lambda: [
     Sample((T(5, 7), T(3, dtype=torch.float32))), Sample((T(5, 7), T(5, 7, dtype=torch.float32))),
-    Sample((Ids(9, 5, 7), T(2))), Sample((T(5, 7), T(7))), Sample((T(5, 7), Ids(3, 2)))])
+    Sample((Ids(9, 5, 7), T(2))), Sample((T(5, 7), T(7))), Sample((T(5, 7), Ids(3, 2))),
+    Sample((T(5, 7), T(5, 3, dtype=torch.float32)))])
 def type_as_rule(node: Node, graph: Graph) -> list[Strategy]:
     x, other = node.input_refs()[:2]
     linear = keeps_partial_sums(node, graph)
     found = pointwise_strategies(node, graph, "additive" if linear else None)
-    if graph.meta(other).shape != graph.meta(node.outputs[0]).shape:
-        found = [Strategy((s.inputs[0], R), s.outputs) for s in found if s.inputs[0] != R]
+    other_shape, out_shape = graph.meta(other).shape, graph.meta(node.outputs[0]).shape
+    if other_shape != out_shape:
+        # Read for its dtype only: whole, or sharded alike where it has a dimension as long
+        # (Granite's routing weights cast as the hidden states they route, both by token).
+        found = [Strategy((s.inputs[0], R), s.outputs) for s in found if s.inputs[0] != R] + [
+            Strategy((s.inputs[0], s.inputs[0]), s.outputs) for s in found
+            if isinstance(s.inputs[0], Shard) and s.inputs[0].dim < len(other_shape)
+            and other_shape[s.inputs[0].dim] == out_shape[s.inputs[0].dim]]
     if linear:
         found.append(Strategy((P, R), (P,)))
     return found

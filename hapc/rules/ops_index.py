@@ -103,6 +103,8 @@ for _op, _samples in {
                                               Sample((T(4, 7), [5, 2], -1))],
     "aten.chunk.default": lambda: [Sample((T(4, 11, 7), 3, 1)), Sample((T(10, 7), 2))],
     "aten.unsafe_chunk.default": lambda: [Sample((T(4, 11, 7), 3, 1))],
+    "aten.tensor_split.indices": lambda: [Sample((T(4, 11, 7), [3, 11], 1)), Sample((T(10, 7), [2, 5]))],
+    "aten.tensor_split.sections": lambda: [Sample((T(4, 11, 7), 3, 1)), Sample((T(10, 7), 4, -1))],
 }.items():
     register(_op, samples=_samples)(_split_rule)
 

@@ -75,11 +75,14 @@ def addmm_rule(node: Node, graph: Graph) -> list[Strategy]:
 
 
 @register("aten.matmul.default", samples=lambda: [Sample((T(3, 7, 10), T(10, 5))),
-                                                  Sample((T(2, 3, 7, 10), T(2, 3, 10, 5)))])
+                                                  Sample((T(2, 3, 7, 10), T(2, 3, 10, 5))),
+                                                  Sample((T(7, 10), T(3, 10, 5))), Sample((T(7, 10), T(2, 3, 10, 5)))])
 def matmul_rule(node: Node, graph: Graph) -> list[Strategy]:
     a, b = (graph.meta(r).shape for r in node.input_refs())
     if len(a) >= 2 and len(b) == 2:
         return einsum_strategies(node, graph, "... m k+, k+ n -> ... m n", "multilinear")
+    if len(a) == 2 and len(b) >= 3:      # a weight times a batch of matrices (Mamba's dt_proj.weight @ x)
+        return einsum_strategies(node, graph, "m k+, ... k+ n -> ... m n", "multilinear")
     if len(a) == len(b) and len(a) >= 3 and a[:-2] == b[:-2]:
         return einsum_strategies(node, graph, "... m k+, ... k+ n -> ... m n", "multilinear")
     return []
