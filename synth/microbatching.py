@@ -47,6 +47,8 @@ PER_SAMPLE_LOCALS = frozenset({
     "linear_sfb",          # data-parallel forward; its collective is the weight gradient's
     "scatter_into_piece", "scatter_add_into_piece", "scatter_reduce_into_piece", "index_add_into_piece",
 })
+# The local ops of random ops (hapc.rules.ops_random).
+RANDOM_LOCALS = frozenset({"random_piece", "random_whole"})
 # A loss whose mean divides by the global number of counted targets.
 COUNTED_MEANS = frozenset({"cross_entropy_batch", "nll_loss_batch"})
 @dataclass(frozen=True)
@@ -95,6 +97,11 @@ def loss_split(graph: Graph, batch: int | None = None) -> LossSplit:
     for node in graph.nodes:
         refs = node.input_refs()
         held = [state.get(r) for r in refs]
+        if batch > 1 and all(h is None for h in held) and _draws_per_sample(graph, node, batch):
+            # Noise drawn for the batch (ViT-MAE's masking) differs by sample: its rows are the
+            # samples', and whatever it decides (a mask and its count) is the batch's too.
+            state.update((o, _Batch(0)) for o in node.outputs)
+            continue
         if any(isinstance(h, Routed) for h in held):     # tokens sorted by expert (synth.routed_tokens)
             outs = routed_outputs(node, graph, held)
             if outs is None:
@@ -182,6 +189,15 @@ def _per_sample_strategy(graph: Graph, node: Node, refs: list[str], held: list[_
             if all(_same(lay, want, graph, ref, sliced) for lay, want, ref in zip(s.inputs, wanted, refs)):
                 return s
     return None
+
+
+def _draws_per_sample(graph: Graph, node: Node, batch: int) -> bool:
+    """A random op (its rule draws each piece from the global draw) whose output has a row per
+    sample."""
+    from synth.space import node_strategies
+
+    return all(graph.meta(o).shape[:1] == (batch,) for o in node.outputs) and \
+        any(s.local in RANDOM_LOCALS for s in node_strategies(graph, node))
 
 
 def _same(lay: Layout, want: Layout | None, graph: Graph, ref: str, sliced: int) -> bool:

@@ -98,6 +98,18 @@ def test_values_built_for_the_batch_from_its_size_are_sliced_with_it():
     assert _split(body).kind == COUNT
 
 
+def test_a_mean_over_what_a_random_mask_keeps_couples_samples():
+    """ViT-MAE's loss: a sum over the patches its random mask keeps, over the mask's count. The
+    noise is drawn for the batch, so the count is the batch's; taken for a constant, each
+    micro-batch's mean was added up as a sum (a pipelined ViT-MAE trained twice the loss)."""
+    def body(m, x, y):
+        keep = (torch.rand(x.shape[0], 5) > 0.5).float()
+        return (m.lin(x).pow(2) * keep).sum() / keep.sum()
+
+    with pytest.raises(MicroBatchingRefused, match="non-linear op"):
+        _split(body)
+
+
 def test_forced_micro_batches_on_a_coupled_loss_fail_in_one_line_before_any_search(tmp_path, capsys):
     code = main(["compile", str(LOSSES), "--set", "loss=contrastive", "--cluster", TWO_NODES, "--stages", "2",
                  "--microbatches", "2", "-o", str(tmp_path / "out"), "-q"])
