@@ -25,6 +25,7 @@ from hapc.ir.graph import Graph, Node, Ref
 from hapc.ir.layout import Layout, P, R, Shard
 from hapc.ir.program import Strategy
 from hapc.rules.ops_matmul import _with_bias_partial
+from hapc.rules.ops_index import untouched_strategies
 from hapc.rules.registry import Sample, register, register_spec
 from hapc.rules.samples import Pos, T
 from hapc.rules.spec import einsum_strategies, partial_strategies
@@ -330,3 +331,28 @@ def group_norm_rule(node: Node, graph: Graph) -> list[Strategy]:
     if x[0] <= 1:
         return []
     return [Strategy(_norm_layouts(Shard(0), present, R), (Shard(0),))]
+
+
+# --- interpolation ---------------------------------------------------------------------------------
+
+def _upsample_rule(node: Node, graph: Graph) -> list[Strategy]:
+    """Each (sample, channel) plane is resized on its own, so those dims shard freely; the
+    resize is linear in the input (nearest picks, the others weigh neighbours), so a
+    ``Partial`` passes through."""
+    rank = len(graph.meta(node.input_refs()[0]).shape)
+    return untouched_strategies(node, graph, list(range(2, rank)))
+
+
+for _op, _samples in {
+    "aten.upsample_bilinear2d.vec": lambda: [Sample((T(2, 3, 5, 7), [10, 14], False, None)),
+                                            Sample((T(3, 2, 4, 4), None, True, [2.0, 1.5]))],
+    "aten.upsample_bicubic2d.vec": lambda: [Sample((T(2, 3, 5, 7), [6, 9], False, None))],
+    "aten.upsample_nearest2d.vec": lambda: [Sample((T(2, 3, 5, 7), [10, 14], None)),
+                                           Sample((T(3, 2, 4, 4), None, [2.0, 3.0]))],
+    "aten._upsample_nearest_exact2d.vec": lambda: [Sample((T(2, 3, 5, 7), [9, 11], None))],
+    "aten.upsample_linear1d.vec": lambda: [Sample((T(2, 3, 7), [12], True, None))],
+    "aten.upsample_nearest1d.vec": lambda: [Sample((T(2, 3, 7), [14], None))],
+    "aten.upsample_trilinear3d.vec": lambda: [Sample((T(2, 3, 3, 4, 5), [6, 8, 7], False, None))],
+    "aten.upsample_nearest3d.vec": lambda: [Sample((T(2, 3, 3, 4, 5), [6, 8, 10], None))],
+}.items():
+    register_spec(_op, _upsample_rule, samples=_samples)
