@@ -14,8 +14,9 @@ code each node was made, never of the trace order:
 * **order**: the nodes are placed from the loss backwards, each time taking, among the nodes
   whose readers are all placed, the one latest in program order: its call stack in the user's
   code (file, then line, frame by frame), then the last parameter it depends on (which layer
-  of a loop it belongs to), then its content a few producers deep (op, arguments, shapes,
-  source line, parameters named with their layer number masked: the same in every layer), then
+  of a loop it belongs to), then its content a few producers deep (op, arguments, dtypes and
+  ranks, source line, parameters named with their layer number masked: the same in every
+  layer; never sizes, which change with the batch a micro-batch's trace is made at), then
   its whole content (what it reads and what reads it, hashed; never a name given by the
   trace). For ordinary code this is
   the order Python ran it in, so the graphs of models without such loops keep their order;
@@ -117,13 +118,13 @@ def _keys(graph: Graph, preds: list[set[int]], succs: list[list[int]]) -> list[t
                     return ("%", up[j], k)
                 return ("$", a.name)
             if isinstance(a, (list, tuple)):
-                return tuple(arg(x) for x in a)
+                return sized(a, arg)
             return repr(a)
 
         # The file by base name: a checkout elsewhere (a CI clone) must give the same digests.
         src = (os.path.basename(n.source.file), n.source.line, n.source.code) if n.source else None
         content = (n.op, arg(n.args), sorted((k, arg(v)) for k, v in n.kwargs.items()),
-                   [repr(graph.values[o].meta) for o in n.outputs if o in graph.values], src,
+                   [_kind(graph.values[o].meta) for o in n.outputs if o in graph.values], src,
                    n.mutates if n.mutates not in made_by else None)
         up[i] = _digest(content)
         layer[i] = max([param_at.get(r, -1) for r in n.input_refs()] + [layer[p] for p in preds[i]], default=-1)
@@ -166,16 +167,31 @@ def _local_digests(graph: Graph, made_by: dict[str, tuple[int, int]]) -> list[st
                 return ("%", below[j], k)
             return ("$", _NUMBERS.sub("#", a.name))
         if isinstance(a, (list, tuple)):
-            return tuple(arg(x, below) for x in a)
+            return sized(a, lambda x: arg(x, below))
         return repr(a)
 
-    own = [(n.op, [repr(graph.values[o].meta) for o in n.outputs if o in graph.values],
+    own = [(n.op, [_kind(graph.values[o].meta) for o in n.outputs if o in graph.values],
             (os.path.basename(n.source.file), n.source.line) if n.source else None) for n in nodes]
     digests = [""] * len(nodes)
     for _ in range(_LOCAL_DEPTH):
         digests = [_digest((own[i], arg(n.args, digests), sorted((k, arg(v, digests)) for k, v in n.kwargs.items())))
                    for i, n in enumerate(nodes)]
     return digests
+
+
+def _kind(meta: Any) -> tuple:
+    """A value's dtype and rank: its sizes vary with the batch, and a graph traced at a
+    micro-batch must come out in the same order as at the whole batch (a pipelined compile
+    checks the two node for node)."""
+    return (meta.dtype, len(meta.shape))
+
+
+def sized(items: Any, arg: Any) -> tuple:
+    """A list argument for a digest: sizes (a list of ints, as ``view`` takes) by their count
+    only, for the reason :func:`_kind` gives; anything else item by item."""
+    if items and all(isinstance(x, int) and not isinstance(x, bool) for x in items):
+        return ("ints", len(items))
+    return tuple(arg(x) for x in items)
 
 
 def _topological(preds: list[set[int]]) -> list[int]:

@@ -25,7 +25,8 @@ from typing import Any
 
 # Raised when what the cache holds for a key changes: 2 since the canonical node order stopped
 # depending on where the model file lies, 3 since graphs record what autograd saves per node,
-# 4 since ties in that order are broken by what nodes compute, 5 since grouped matmuls have FLOPs.
+# 4 since ties in that order are broken by what nodes compute, 5 since grouped matmuls have FLOPs
+# and those ties are broken without sizes (which change with the batch).
 FORMAT = "hapc-trace-cache/5"
 
 
