@@ -34,6 +34,7 @@ def summary_text(plan: Plan) -> str:
     lines.append(plan.sim.table(batch_rows(plan)))
     lines += pipeline_lines(plan)
     lines += _memory_lever_lines(plan)
+    lines += _expert_lines(plan)
     if plan.search and "segments" in plan.search:      # a baseline, or a replan that kept one, has none
         s = plan.search
         lines.append(f"search: {'optimal under the search cost model' if s.get('exact') else 'time budget hit'}"
@@ -73,6 +74,25 @@ def _memory_lever_lines(plan: Plan) -> list[str]:
     return lines + [f"{what} of {sharded} replicated parameters sharded by rows over {program.world} ranks "
                     "(each keeps " + ", ".join(f"{t} {z:.3f}" for t, z in kept.items())
                     + "), reduce-scattered and all-gathered instead of all-reduced"]
+
+
+def _expert_lines(plan: Plan) -> list[str]:
+    """How a mixture of experts is spread: how many of its grouped matmuls shard the experts
+    (each rank multiplying the tokens routed to its own; :mod:`hapc.rules.ops_grouped_mm`)."""
+    from hapc.ir.program import Compute
+    from hapc.rules.expert_rows import GROUPED_MM_OPS
+
+    total = sum(1 for n in plan.graph.nodes if n.op in GROUPED_MM_OPS)
+    if not total:
+        return []
+    at = {n.name: i for i, n in enumerate(plan.graph.nodes)}
+    spans = [(plan.program, 0, len(at))] if plan.pipeline is None else \
+        [(st.program, st.first_node, st.stop_node) for st in plan.pipeline.stages]   # each stage runs its span
+    sharded = {s.node for program, first, stop in spans for s in program.steps
+               if isinstance(s, Compute) and (s.strategy.local or "").startswith("grouped_mm_experts")
+               and first <= at.get(s.node, -1) < stop}
+    return [f"expert parallel: {len(sharded)} of {total} grouped matmuls hold their experts sharded, each rank "
+            "multiplying the tokens routed to its own"]
 
 
 def _gap_note(gap: float) -> str:

@@ -108,6 +108,9 @@ def test_the_search_shards_a_wide_mixtral_by_expert(cluster, tmp_path):
                            model_kwargs={"layers": 1}, precision="bf16", trace_cache=False)
     assert _expert_steps(plan.program) == ["grouped_mm_experts", "grouped_mm_experts_padded"]
     assert plan.cost < min(plan.baselines[b] for b in ("dp-even", "dp-flops", "zero3")) / 2
+    from hapc.report.summary import summary_text
+
+    assert "expert parallel: 2 of 2 grouped matmuls hold their experts sharded" in summary_text(plan)
 
 
 @pytest.mark.slow
