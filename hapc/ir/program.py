@@ -148,10 +148,12 @@ class DistProgram:
                 link([(name, self._dim(name, lay.dim))])
         for step in self.steps:
             if isinstance(step, Compute):
+                # Expert rows are cut by the routing, not in blocks: they tie nothing (an expert
+                # MLP's weights keep blocks of whole experts whatever the number of tokens).
                 keys = [(v, self._dim(v, lay.dim)) for v, lay in zip(step.inputs, step.strategy.inputs)
-                        if isinstance(lay, Shard)]
+                        if isinstance(lay, Shard) and not isinstance(lay, ExpertRows)]
                 keys += [(v, self._dim(v, lay.dim)) for v, lay in zip(outputs[step.node], step.strategy.outputs)
-                         if isinstance(lay, Shard)]
+                         if isinstance(lay, Shard) and not isinstance(lay, ExpertRows)]
                 link(keys)
             else:
                 if isinstance(step.dst_layout, Shard):
