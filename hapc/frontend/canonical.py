@@ -118,7 +118,7 @@ def _keys(graph: Graph, preds: list[set[int]], succs: list[list[int]]) -> list[t
                     return ("%", up[j], k)
                 return ("$", a.name)
             if isinstance(a, (list, tuple)):
-                return sized(a, arg)
+                return _sized(a, arg)
             return repr(a)
 
         # The file by base name: a checkout elsewhere (a CI clone) must give the same digests.
@@ -167,7 +167,7 @@ def _local_digests(graph: Graph, made_by: dict[str, tuple[int, int]]) -> list[st
                 return ("%", below[j], k)
             return ("$", _NUMBERS.sub("#", a.name))
         if isinstance(a, (list, tuple)):
-            return sized(a, lambda x: arg(x, below))
+            return _sized(a, lambda x: arg(x, below))
         return repr(a)
 
     own = [(n.op, [_kind(graph.values[o].meta) for o in n.outputs if o in graph.values],
@@ -186,7 +186,7 @@ def _kind(meta: Any) -> tuple:
     return (meta.dtype, len(meta.shape))
 
 
-def sized(items: Any, arg: Any) -> tuple:
+def _sized(items: Any, arg: Any) -> tuple:
     """A list argument for a digest: sizes (a list of ints, as ``view`` takes) by their count
     only, for the reason :func:`_kind` gives; anything else item by item."""
     if items and all(isinstance(x, int) and not isinstance(x, bool) for x in items):
