@@ -27,21 +27,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hapc.ir.graph import Graph, Node
-from hapc.rules.expert_rows import GROUPED_MM_OPS
+from hapc.rules.expert_rows import GROUPED_MM_OPS, keeps_rows
 
 SORTS = ("aten.sort.default", "aten.sort.stable")
-_ELEMENTWISE = frozenset({
-    "aten.floor_divide.default", "aten.div.Tensor_mode", "aten.remainder.Scalar", "aten.to.dtype",
-    "aten._to_copy.default", "aten.clamp.default", "aten.clamp_.default", "aten.clamp_max.default",
-    "aten.clamp_min.default", "aten.silu.default", "aten.gelu.default", "aten.relu.default", "aten.sigmoid.default",
-    "aten.tanh.default", "aten.neg.default", "aten.exp.default", "aten.mul.Tensor", "aten.mul.Scalar",
-    "aten.add.Tensor", "aten.add.Scalar", "aten.sub.Tensor", "aten.sub.Scalar", "aten.div.Tensor",
-    "aten.div.Scalar", "aten.pow.Tensor_Scalar", "aten.clone.default", "aten.alias.default",
-    "aten.detach.default", "aten.masked_fill.Scalar", "aten.ge.Scalar", "aten.lt.Scalar", "aten.eq.Scalar",
-})
+# Views that keep the sorted rows first (unsqueeze(-1) of the routing weights); the elementwise
+# ops, chunks and slices that keep every row are hapc.rules.expert_rows.keeps_rows's.
 _ROW_VIEWS = frozenset({"aten.unsqueeze.default", "aten.view.default", "aten.reshape.default",
-                        "aten._unsafe_view.default", "aten.chunk.default", "aten.split.Tensor",
-                        "aten.split_with_sizes.default", "aten.slice.Tensor"})
+                        "aten._unsafe_view.default"})
 
 
 @dataclass(frozen=True)
@@ -98,18 +90,13 @@ def routed_outputs(node: Node, graph: Graph, held: list) -> list | None:
         return [Routed("zeros")]
     if "counts" in kinds or "inverse" in kinds or "zeros" in kinds or len(kinds) != 1:
         return None
-    if op in _ELEMENTWISE or op in _ROW_VIEWS:
-        if any(isinstance(h, _Batch) for h in held):
-            return None
-        if op in _ROW_VIEWS and not all(graph.meta(o).shape[:1] == (n_rows,) for o in out):
-            return None
-        if op in ("aten.slice.Tensor", "aten.chunk.default", "aten.split.Tensor", "aten.split_with_sizes.default"):
-            pos = 1 if op == "aten.slice.Tensor" else 2
-            dim = node.args[pos] if len(node.args) > pos else node.kwargs.get("dim", 0)
-            if dim % len(graph.meta(refs[0]).shape) == 0:
-                return None                          # along the sorted rows: positions matter
-        return [Routed(next(iter(kinds))) for _ in out]
-    return None
+    if any(isinstance(h, _Batch) for h in held):
+        return None
+    if op in _ROW_VIEWS:
+        keeps = all(graph.meta(o).shape[:1] == (n_rows,) for o in out)
+    else:
+        keeps = keeps_rows(node, graph, {r for r, h in zip(refs, held) if isinstance(h, Routed)})
+    return [Routed(next(iter(kinds))) for _ in out] if keeps else None
 
 
 def _routed_rows(graph: Graph, refs: list[str], held: list) -> int | None:

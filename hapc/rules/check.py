@@ -75,7 +75,9 @@ def sample_graph(op: str, sample: Sample) -> tuple[Node, Graph, list[torch.Tenso
 
     args = tuple(lift(a) for a in sample.args)
     kwargs = {k: lift(v) for k, v in sample.kwargs.items()}
-    result = _aten(op)(*sample.args, **sample.kwargs)
+    from hapc.codegen.executor import _resolve  # executor sits above rules
+
+    result = _resolve(op)(*sample.args, **sample.kwargs)
     results = list(result) if isinstance(result, (list, tuple)) else [result]
     outs = []
     for i, r in enumerate(results):
@@ -272,10 +274,3 @@ def matching_ops(names: Sequence[str]) -> list[str]:
                                                                        else "; hapc rules lists them"))
         found += [op for op in hits if op not in found]
     return found
-
-
-def _aten(op: str):
-    """The torch op of a rule's name: ``aten.mm.default``, or another namespace's
-    (``transformers.grouped_mm_fallback.default``, registered by importing its library)."""
-    namespace, packet, overload = op.split(".", 2)
-    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)

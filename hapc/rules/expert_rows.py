@@ -26,7 +26,8 @@ _ROW_UNARY = frozenset({
     "aten.abs.default", "aten.clone.default", "aten.to.dtype", "aten._to_copy.default", "aten.contiguous.default",
     "aten.mul.Scalar", "aten.div.Scalar", "aten.alias.default", "aten.detach.default", "aten.sigmoid.default",
     "aten.add.Scalar", "aten.sub.Scalar", "aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default",
-    "aten.exp.default", "aten.pow.Tensor_Scalar",
+    "aten.exp.default", "aten.pow.Tensor_Scalar", "aten.floor_divide.default", "aten.div.Tensor_mode",
+    "aten.remainder.Scalar", "aten.ge.Scalar", "aten.lt.Scalar", "aten.eq.Scalar",
 })
 # Elementwise, two tensors: both the same rows, or one broadcast over the rows.
 _ROW_BINARY = frozenset({"aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.div.Tensor"})
@@ -53,7 +54,7 @@ def _analysis(graph: Graph) -> tuple[frozenset[str], frozenset[str]]:
     lookups = _routed_lookups(graph)
     found: set[str] = set()
     for node in graph.nodes:
-        if node.op in GROUPED_MM_OPS or node.name in lookups or _keeps_rows(node, graph, found):
+        if node.op in GROUPED_MM_OPS or node.name in lookups or keeps_rows(node, graph, found):
             found.update(node.outputs)
     users: dict[str, list[Node]] = {}
     for node in graph.nodes:
@@ -65,7 +66,7 @@ def _analysis(graph: Graph) -> tuple[frozenset[str], frozenset[str]]:
             if out in found and not all(
                     (u.op in GROUPED_MM_OPS and u.input_refs()[0] == out and out not in u.input_refs()[1:])
                     or (u.op not in GROUPED_MM_OPS and all(o in found for o in u.outputs)
-                        and _keeps_rows(u, graph, found))
+                        and keeps_rows(u, graph, found))
                     for u in users.get(out, [])):
                 found.discard(out)
     result = (frozenset(found), frozenset(n for n, out in lookups.items() if out in found))
@@ -83,13 +84,15 @@ def expert_row_strategies(node: Node, graph: Graph) -> list[Strategy]:
         return []
     if node.name in lookups:
         return [Strategy((Shard(0), R), (E,), local="index_expert_rows")]
-    if not _keeps_rows(node, graph, rows):
+    if not keeps_rows(node, graph, rows):
         return []
     return [Strategy(tuple(E if r in rows else R for r in node.input_refs()), tuple(E for _ in node.outputs))]
 
 
-def _keeps_rows(node: Node, graph: Graph, rows: set[str] | frozenset[str]) -> bool:
-    """Whether ``node`` reads expert-row values and keeps every row where it is."""
+def keeps_rows(node: Node, graph: Graph, rows: set[str] | frozenset[str]) -> bool:
+    """Whether ``node`` reads some of ``rows`` (values with one row per routed token) and keeps
+    every row where it is: what may run on any subset of the rows, as a rank's expert rows or a
+    micro-batch's tokens in sorted order (:mod:`synth.routed_tokens`) are."""
     refs = node.input_refs()
     if not refs or not any(r in rows for r in refs):
         return False
@@ -102,8 +105,8 @@ def _keeps_rows(node: Node, graph: Graph, rows: set[str] | frozenset[str]) -> bo
         dim = node.args[pos] if len(node.args) > pos else node.kwargs.get("dim", default)
         return len(set(refs)) == 1 and dim % len(graph.meta(refs[0]).shape) != 0
     if op in _ROW_BINARY:          # with a number as the other operand, or a tensor
-        return all(graph.meta(r).shape == out_shape if r in rows else _without_rows(graph.meta(r).shape, out_shape)
-                   for r in refs)
+        return all(_same_rows(graph.meta(r).shape, out_shape) if r in rows
+                   else _without_rows(graph.meta(r).shape, out_shape) for r in refs)
     return False
 
 
@@ -124,6 +127,11 @@ def _routed_lookups(graph: Graph) -> dict[str, str]:
         if len(indices) == 1 and isinstance(indices[0], Ref) and indices[0].name in ascending:
             found[node.name] = node.outputs[0]
     return found
+
+
+def _same_rows(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
+    """Whether an operand of this shape has the output's rows (broadcast along the others only)."""
+    return len(shape) == len(out_shape) and shape[:1] == out_shape[:1]
 
 
 def _without_rows(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:

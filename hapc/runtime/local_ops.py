@@ -444,9 +444,10 @@ def _op_named(name: str):
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
 
 
-def _expert_rows(ctx: RankCtx, x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """This rank's experts' rows of a grouped matmul: ``weight`` holds its experts; ``x`` is
-    whole, or already only those rows (an ``ExpertRows`` input, shorter than the whole)."""
+def _expert_rows(ctx: RankCtx, x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """Where this rank's experts' rows of a grouped matmul start, and those rows multiplied:
+    ``weight`` holds its experts; ``x`` is whole, or already only those rows (an ``ExpertRows``
+    input, shorter than the whole)."""
     info = ctx.inputs[1]
     first, count = info.offset, info.length
     rows = ctx.out_shapes[0][0]
@@ -456,25 +457,22 @@ def _expert_rows(ctx: RankCtx, x: torch.Tensor, weight: torch.Tensor, offs: torc
     if x.shape[0] == rows:
         x = x[start:stop]
     if count == 0:
-        return x.new_zeros(0, ctx.out_shapes[0][1]) + (x.sum() + weight.sum()) * 0
-    return _op_named(ctx.op)(x, weight, (offs[first:first + count] - start).to(offs.dtype))
+        return start, x.new_zeros(0, ctx.out_shapes[0][1]) + (x.sum() + weight.sum()) * 0
+    return start, _op_named(ctx.op)(x, weight, (offs[first:first + count] - start).to(offs.dtype))
 
 
 @local_op
 def grouped_mm_experts(ctx: RankCtx, x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """A grouped matmul with the experts sharded, as ``ExpertRows``: only the rows routed to
     this rank's experts, multiplied here."""
-    return _expert_rows(ctx, x, weight, offs)
+    return _expert_rows(ctx, x, weight, offs)[1]
 
 
 @local_op
 def grouped_mm_experts_padded(ctx: RankCtx, x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """A grouped matmul with the experts sharded, as a ``Partial``: this rank's experts' rows in
     their places, zeros in the others' (whose owners fill them)."""
-    mine = _expert_rows(ctx, x, weight, offs)
-    info = ctx.inputs[1]
-    ends = offs.to(torch.int64)
-    start = int(ends[info.offset - 1]) if info.offset > 0 else 0
+    start, mine = _expert_rows(ctx, x, weight, offs)
     after = ctx.out_shapes[0][0] - start - mine.shape[0]
     return torch.cat([mine.new_zeros(start, mine.shape[1]), mine, mine.new_zeros(after, mine.shape[1])])
 
